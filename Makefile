@@ -1,0 +1,56 @@
+# ckptfs: everything a fresh Debian/Ubuntu machine needs, then the job.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+APT_PACKAGES := fuse3 libfuse2 libfuse3-3
+
+.PHONY: help setup system-deps venv test test-quick demo bench bench-quick fuzz lint clean
+
+help:
+	@echo "make demo   - set up, make an example checkpoint, mount it, ls/du/memmap, unmount"
+	@echo "make test   - set up and run the test suite (real FUSE mounts included)"
+	@echo "make bench  - benchmarks against torch.load, zipslicer, safetensors, ratarmount -> docs/benchmarks.md"
+	@echo "make fuzz   - a long fuzzing run over mutated checkpoints"
+
+# System packages: FUSE 3 (and 2, for peers that need it). Skipped when already present.
+system-deps:
+	@if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libfuse3.so.3' || ! ldconfig -p | grep -q 'libfuse.so.2'; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
+	fi
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test,bench]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+setup: system-deps venv
+
+test: setup
+	$(PY) -m pytest -q
+
+test-quick: setup
+	$(PY) -m pytest -q -m "not slow"
+
+demo: setup
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ./scripts/demo.sh
+
+bench: setup
+	$(PY) -m benchmarks
+
+bench-quick: setup
+	$(PY) -m benchmarks --quick --output /tmp/ckptfs-bench-quick.md
+
+fuzz: setup
+	CKPTFS_FUZZ_EXAMPLES=$${CKPTFS_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+
+lint: setup
+	$(PY) -m pip install -q ruff
+	$(PY) -m ruff check ckptfs tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

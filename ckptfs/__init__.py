@@ -1,0 +1,65 @@
+"""ckptfs: read PyTorch checkpoints without loading them — as a library, a CLI and a FUSE mount.
+
+    import ckptfs
+    with ckptfs.open("model.pth") as ckpt:
+        for key in ckpt.keys():
+            print(key, ckpt.meta(key).shape)
+        w = ckpt.numpy("fc.weight")          # zero-copy when the bytes are stored contiguously
+    sd = ckptfs.load("model.pth")            # lazy state_dict: model.load_state_dict(sd)
+
+Importing ckptfs never imports torch; only ``Checkpoint.tensor`` and ``ckptfs.load`` do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .checkpoint import Checkpoint
+from .errors import (
+    CkptfsError,
+    FormatError,
+    LimitError,
+    StaleSourceError,
+    TensorError,
+    UnsafePickleError,
+    UnsupportedError,
+)
+from .limits import DEFAULT_LIMITS, Limits
+from .meta import Meta
+from .source import ByteSource, LocalFile
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ByteSource", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
+    "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError", "load", "memmap", "open",
+]
+
+
+def open(path: "str | os.PathLike[str] | ByteSource", *, strict: bool = False,  # noqa: A001
+         limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
+    """Index a checkpoint (zip or legacy torch.save file) without running its pickle or importing torch.
+
+    ``strict=True`` refuses any global outside ckptfs's allowlist instead of indexing it as opaque data.
+    """
+    return Checkpoint(path, strict=strict, limits=limits)
+
+
+def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
+         debug: bool = False, *, strict: bool = False) -> Any:
+    """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are read on access.
+
+    Imports torch. Non-dict checkpoints are returned materialised.
+    """
+    from .torch_compat import load as _load
+
+    return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
+                 strict=strict)
+
+
+def memmap(path: "str | os.PathLike[str]", mode: str = "r") -> Any:
+    """``np.memmap`` of a tensor file in a ckptfs mount, with dtype and shape from its sidecar."""
+    from .views import memmap_from_sidecar
+
+    return memmap_from_sidecar(os.fspath(path), mode)

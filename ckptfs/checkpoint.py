@@ -1,0 +1,255 @@
+"""``Checkpoint``: an opened, indexed checkpoint. Reads tensors by key; never imports torch unless a
+torch tensor is asked for."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .container import open_container
+from .convert import Converter
+from .dtypes import numpy_dtype
+from .errors import CkptfsError, TensorError
+from .index import CONTAINERS, LEAF, LINK, TENSOR, Index
+from .limits import DEFAULT_LIMITS, Limits
+from .meta import Meta
+from .nodes import OpaqueObject, PickledOrderedDict, TensorNode
+from .reader import TensorReader
+from .source import ByteSource, open_source
+from .tensors import STRIDED_KINDS, numel, validate_all
+from .unpickler import gc_paused, unpickle
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Key = "str | tuple"
+
+
+class Checkpoint:
+    """A checkpoint file, indexed: keys, metadata and bytes of every tensor, read on demand."""
+
+    def __init__(self, path: "str | os.PathLike[str] | ByteSource", *, strict: bool = False,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        self.source = open_source(path)
+        self.name = self.source.name
+        self.limits = limits
+        self.strict = strict
+        self._readers: dict[int, TensorReader] = {}
+        self._lock = threading.Lock()
+        try:
+            self.container = open_container(self.source, limits)
+            data = self.container.pickle_bytes()
+            record = self.container.info.get("root", "")
+            record = f"{record}/data.pkl" if self.container.kind == "zip" else "pickle"
+            converter = Converter(limits)
+            with gc_paused():  # one pause for everything that builds the index (see gc_paused)
+                obj, up = unpickle(data, strict=strict, limits=limits, file=self.name, record=record)
+                del data
+                self.unknown_globals = dict(up.unknown_globals)
+                self.index = Index(obj, limits=limits, converter=converter)
+                del obj, up
+                bind = getattr(self.container, "bind", None)
+                if bind is not None:  # legacy streams locate storages once their dtypes are known
+                    bind(converter.refs)
+                validate_all(self.index, self.container, limits)
+        except CkptfsError as e:
+            self.source.close()
+            raise e.at(file=self.name) from None
+        except BaseException:
+            self.source.close()
+            raise
+
+    # --- context manager ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ckptfs.Checkpoint {self.name!r}: {self.index.n_tensors} tensors, {self.format}>"
+
+    # --- keys ----------------------------------------------------------------------------------------
+    @property
+    def format(self) -> str:
+        return self.container.kind
+
+    @property
+    def byteorder(self) -> str:
+        return self.container.byteorder
+
+    def keys(self) -> list[str]:
+        """Dotted keys of every tensor and leaf value, in checkpoint order."""
+        keys = self.index.keys
+        return [keys[i] for i in self.index.leaves()]
+
+    def tensor_keys(self) -> list[str]:
+        keys = self.index.keys
+        return [keys[i] for i in self.index.tensors()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.index.leaves())
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self.row(key)  # type: ignore[arg-type]
+        except KeyError:
+            return False
+        return True
+
+    def row(self, key: "str | tuple") -> int:
+        """The index row of a key (dotted string, or the tuple of original keys), links followed."""
+        i = self.index.find_path(key) if isinstance(key, tuple) else self.index.by_key.get(key)
+        if i is None:
+            raise KeyError(key)
+        return self.index.resolve(i)
+
+    # --- metadata --------------------------------------------------------------------------------------
+    def meta(self, key: "str | tuple") -> Meta:
+        return Meta(self.index, self.row(key), self.byteorder)
+
+    def info(self) -> dict[str, Any]:
+        """Format facts and totals (what ``ckptfs info`` prints)."""
+        per_dtype: Counter = Counter()
+        per_dtype_count: Counter = Counter()
+        kinds: Counter = Counter()
+        n_elems = 0
+        errors = 0
+        unsupported = 0
+        storages = set()
+        nodes = self.index.nodes
+        for i in self.index.tensors():
+            t: TensorNode = nodes[i]  # type: ignore[assignment]
+            kinds[t.kind] += 1
+            if t.storage is not None:
+                storages.add(t.storage.key)
+            if t.error:
+                errors += 1
+                continue
+            if t.unsupported:
+                unsupported += 1
+            n = numel(t.shape)
+            n_elems += n
+            per_dtype[t.dtype.name] += n * t.dtype.itemsize if not t.unsupported else 0
+            per_dtype_count[t.dtype.name] += 1
+        index_kinds = Counter(self.index.kinds)
+        return {
+            "file": self.name,
+            "size": self.source.size,
+            "format": self.format,
+            "container": dict(self.container.info),
+            "byteorder": self.byteorder,
+            "tensors": self.index.n_tensors,
+            "tensor_kinds": dict(kinds),
+            "storages": len(storages),
+            "elements": n_elems,
+            "tensor_bytes": sum(per_dtype.values()),
+            "bytes_per_dtype": dict(per_dtype.most_common()),
+            "tensors_per_dtype": dict(per_dtype_count.most_common()),
+            "leaves": index_kinds[LEAF],
+            "containers": sum(index_kinds[k] for k in CONTAINERS),
+            "links": index_kinds[LINK],
+            "errors": errors,
+            "unsupported": unsupported,
+            "unknown_globals": dict(sorted(self.unknown_globals.items())),
+            "torch_version_hint": _version_hint(self.container.info),
+        }
+
+    # --- bytes -----------------------------------------------------------------------------------------
+    def reader(self, key: "str | tuple") -> TensorReader:
+        i = self.row(key)
+        r = self._readers.get(i)
+        if r is None:
+            index = self.index
+            if index.kinds[i] != TENSOR:
+                raise TensorError(f"is a {index.kinds[i]}, not a tensor", file=self.name, record=index.keys[i])
+            t = index.nodes[i]
+            ref = t.storage  # type: ignore[attr-defined]
+            if ref is not None and ref.record is None and t.error is None:  # type: ignore[attr-defined]
+                try:
+                    ref.record = self.container.storage_record(ref.key)
+                except CkptfsError as e:
+                    raise e.at(file=self.name, record=index.keys[i]) from None
+            r = TensorReader(t, file_name=self.name, key=index.keys[i])  # type: ignore[arg-type]
+            with self._lock:
+                self._readers[i] = r
+        return r
+
+    def read(self, key: "str | tuple", offset: int = 0, size: int = -1) -> bytes:
+        """Bytes [offset, offset+size) of the tensor's C-contiguous content in the file's byte order."""
+        return self.reader(key).read(offset, size)
+
+    def numpy(self, key: "str | tuple") -> "np.ndarray":
+        """The tensor as a read-only numpy array: a zero-copy view of the file (page cache) when the
+        tensor is a contiguous range of a stored record, else a gathered copy."""
+        import numpy as np
+
+        r = self.reader(key)
+        t = r.t
+        order = (t.extra or {}).get("byteorder", self.byteorder)
+        try:
+            dt = numpy_dtype(t.dtype, order)
+        except CkptfsError as e:
+            raise e.at(file=self.name, record=key if isinstance(key, str) else None) from None
+        if r.contiguous and r.inline is None and r.size:
+            span = r.record.file_span()  # type: ignore[union-attr]
+            mm = getattr(self.source, "mmap", None)
+            if span is not None and mm is not None:
+                self.source.check_unchanged()
+                arr = np.frombuffer(mm(), dtype=dt, count=numel(t.shape), offset=span[0] + r.base)
+                return arr.reshape(t.shape)
+        data = r.read()
+        arr = np.frombuffer(data, dtype=dt)
+        if r.inline is not None and not r.contiguous:
+            return arr.reshape(t.shape[::-1]).T  # Fortran-ordered inline array: logical order is C
+        return arr.reshape(t.shape)
+
+    def tensor(self, key: "str | tuple", map_location: Any = "cpu") -> Any:
+        """The tensor as torch.load would return it (dtype, shape, strides as contiguous, requires_grad,
+        Parameter-ness). Imports torch."""
+        from .torch_compat import build_tensor
+
+        return build_tensor(self, key, map_location)
+
+    def slice(self, key: "str | tuple", framework: str = "numpy") -> "TensorSlice":
+        """``ckpt.slice(key)[a:b, ...]``: read only the bytes a slice needs."""
+        from .slicing import TensorSlice
+
+        return TensorSlice(self, key, framework)
+
+    # safetensors-style names
+    def get_tensor(self, key: str) -> Any:
+        return self.tensor(key)
+
+    def get_slice(self, key: str) -> "TensorSlice":
+        return self.slice(key, framework="pt")
+
+    def metadata(self) -> dict[str, Any]:
+        return self.info()
+
+    # --- values ----------------------------------------------------------------------------------------
+    def value(self, key: "str | tuple") -> Any:
+        """A leaf's Python value (dtype/device markers and opaque classes as inert objects)."""
+        i = self.row(key)
+        if self.index.kinds[i] != LEAF:
+            raise TypeError(f"{self.index.keys[i]!r} is a {self.index.kinds[i]}, not a leaf value")
+        return self.index.nodes[i]
+
+
+def _version_hint(info: dict) -> str:
+    """What the records present say about the writer (torch.save added records over versions)."""
+    if info.get("kind") == "legacy":
+        return "torch < 1.6, or _use_new_zipfile_serialization=False"
+    if ".storage_alignment" in info or ".format_version" in info:
+        return "torch >= 2.4 (.format_version / .storage_alignment records)"
+    if info.get("byteorder_record"):
+        return "torch 2.1 - 2.3 (byteorder record, no .format_version)"
+    return "torch 1.6 - 2.0 (no byteorder record)"

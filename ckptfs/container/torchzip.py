@@ -1,0 +1,93 @@
+"""torch.save's zip layout on top of the generic zip reader: data.pkl, data/<key>, byteorder, versions."""
+
+from __future__ import annotations
+
+from ..errors import FormatError, TensorError
+from ..limits import DEFAULT_LIMITS, Limits
+from ..source import ByteSource
+from .zip import DEFLATED, STORED, ZipArchive, ZipRecord
+
+INFO_RECORDS = (".format_version", ".storage_alignment", "version", ".data/version", ".data/serialization_id")
+
+
+class TorchZip:
+    """A torch.save zip archive (torch >= 1.6)."""
+
+    kind = "zip"
+
+    def __init__(self, source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.source = source
+        self.limits = limits
+        self.archive = ZipArchive(source, limits)
+        self.pickle_record = self._pickle_record()
+        self.byteorder = self._byteorder()
+        self.info = self._info()
+
+    def _fail(self, msg: str, record: str | None = None) -> FormatError:
+        return FormatError(msg, file=self.source.name, record=record)
+
+    def _pickle_record(self) -> ZipRecord:
+        rec = self.archive.get("data.pkl")
+        if rec is None:
+            raise self._fail(f"no {self.archive.root}data.pkl record (not a torch.save archive?)")
+        return rec
+
+    def _byteorder(self) -> str:
+        raw = self.archive.read_small("byteorder")
+        if raw is None:
+            return "little"  # files before torch 2.1 have no byteorder record; torch assumes little
+        if raw not in (b"little", b"big"):
+            raise self._fail(f"byteorder record holds {raw[:20]!r}, not 'little' or 'big'",
+                             record=self.archive.root + "byteorder")
+        return raw.decode()
+
+    def _info(self) -> dict:
+        arch = self.archive
+        info: dict = {"root": arch.root.rstrip("/"), "records": len(arch), "zip64": arch.zip64,
+                      "byteorder": self.byteorder, "byteorder_record": arch.has("byteorder")}
+        for name in INFO_RECORDS:
+            try:
+                raw = arch.read_small(name)
+            except Exception:  # noqa: BLE001 - informational only
+                raw = b"<unreadable>"
+            if raw is not None:
+                info[name] = raw.decode("utf-8", "backslashreplace").strip()[:100]
+        methods = arch.methods()
+        info["compressed_records"] = sum(c for m, c in methods.items() if m != STORED)
+        info["methods"] = sorted(methods)
+        return info
+
+    def pickle_bytes(self) -> bytes:
+        rec = self.pickle_record
+        try:
+            rec.check_servable()
+            return rec.read_all(self.limits.max_pickle_bytes)
+        except FormatError:
+            raise
+        except TensorError as e:
+            raise self._fail(e.reason, record=self.archive.root + rec.name) from None
+
+    def storage_record(self, key: str) -> ZipRecord:
+        name = "data/" + key
+        rec = self.archive.get(name)
+        root = self.archive.root
+        if rec is None:
+            raise TensorError("record is missing from the archive", file=self.source.name, record=root + name)
+        if rec.is_dir:
+            raise TensorError("storage names a directory entry, not data", file=self.source.name,
+                              record=root + name)
+        if rec.method not in (STORED, DEFLATED):
+            raise TensorError(f"compression method {rec.method} is not supported", file=self.source.name,
+                              record=root + name)
+        return rec
+
+    def storage_size(self, key: str) -> int:
+        """Size of storage ``key``'s record, with the same refusals as :meth:`storage_record`, without
+        creating a record object (validation of 20k tensors stays cheap)."""
+        size = self.archive.size_of("data/" + key)
+        if size is None or size < 0:
+            return self.storage_record(key).size  # raises the precise error
+        return size
+
+    def close(self) -> None:
+        self.source.close()

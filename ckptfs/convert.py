@@ -1,0 +1,426 @@
+"""Interpreting the calls the unpickler recorded: torch's rebuild functions become typed nodes.
+
+This is the one place that knows what ``_rebuild_tensor_v2(storage, offset, size, stride, ...)`` and its
+relatives mean. Each call is turned into a :class:`TensorNode` (validated against its storage record)
+or another inert value; a malformed call yields a tensor with ``error`` set, never an exception, so
+one bad tensor does not stop a checkpoint from indexing. (Checking tensors against their records is
+:func:`ckptfs.tensors.validate`, run once every storage is known.)
+"""
+
+from __future__ import annotations
+
+import re
+
+from .dtypes import DTYPES, UINT8, DType
+from .errors import LimitError
+from .limits import DEFAULT_LIMITS, Limits
+from .nodes import Call, NumpyArray, NumpyDType, NumpyScalar, OpaqueObject, PersistentId, StorageRef, StorageType, TensorNode, TorchDevice, TorchDType, TorchGlobal
+
+U = "torch._utils."
+MAX_CALL_NESTING = 32
+
+
+def _show(v: object, n: int = 80) -> str:
+    try:
+        s = repr(v)
+    except Exception:  # noqa: BLE001 - repr of hostile nesting may fail
+        s = f"<{type(v).__name__}>"
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _ascii(v: object) -> object:
+    return v.decode("ascii", "backslashreplace") if isinstance(v, bytes) else v
+
+
+class Converter:
+    """Turns recorded calls into nodes; shared calls (pickle memo) convert once, to one node."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self.refs: dict[str, StorageRef] = {}
+        self.done: dict[int, object] = {}
+        self._keep: list[object] = []  # converted calls stay alive so their id() is not reused
+        self._depth = 0
+        self.handlers = {
+            U + "_rebuild_tensor_v2": self._v2,
+            U + "_rebuild_tensor_v3": self._v3,
+            U + "_rebuild_tensor": self._v1,
+            U + "_rebuild_parameter": self._parameter,
+            U + "_rebuild_parameter_with_state": self._parameter,
+            U + "_rebuild_qtensor": self._qtensor,
+            U + "_rebuild_meta_tensor_no_storage": self._meta,
+            "torch._tensor._rebuild_from_type_v2": self._from_type,
+            "torch._tensor._rebuild_from_type": self._from_type,
+            "torch.Size": self._size,
+            "torch.device": self._device,
+            "torch.serialization._get_layout": self._layout,
+            "persistent_load": self._storage,
+        }
+
+    # --- entry point ------------------------------------------------------------------------------------
+    def convert(self, call: Call) -> object:
+        cid = id(call)
+        done = self.done.get(cid)
+        if done is not None:
+            return done
+        if self._depth >= MAX_CALL_NESTING:
+            raise LimitError(f"rebuild calls nest deeper than {MAX_CALL_NESTING} levels")
+        self._depth += 1
+        try:
+            name = type(call).call
+            out = self.handlers.get(name, self._exotic)(call.args, name)
+        finally:
+            self._depth -= 1
+        self.done[cid] = out
+        self._keep.append(call)
+        return out
+
+    def value(self, v: object) -> object:
+        return self.convert(v) if isinstance(v, Call) else v
+
+    # --- storages ------------------------------------------------------------------------------------
+    def _storage(self, args: tuple, _name: str = "") -> StorageRef:
+        """``('storage', StorageType, key, location, numel)`` (zip) or the legacy 6-tuple with a view slot."""
+        pid = args[0] if len(args) == 1 else args
+        if type(pid) is tuple and len(pid) == 5:  # the common case, checked cheaply
+            tag, stype, key, location, numel = pid
+            if tag == "storage" and type(stype) is StorageType and type(key) is str and type(location) is str \
+                    and type(numel) is int and numel >= 0:
+                ref = self.refs.get(key)
+                if ref is None:
+                    ref = self.refs[key] = StorageRef(key, stype.dtype, numel, location, stype.name)
+                    return ref
+                if ref.dtype is stype.dtype and ref.numel == numel:
+                    return ref
+        return self._storage_slow(pid)
+
+    def _storage_slow(self, pid: object) -> StorageRef:
+        bad = _bad_pid(pid)
+        if bad is not None:
+            ref = StorageRef("?", None, 0, "?", "?")
+            ref.error = bad
+            return ref
+        stype, key, location, numel = pid[1:5]  # type: ignore[index]
+        key = _ascii(key)
+        if type(key) is int:
+            key = str(key)
+        location = _ascii(location)
+        ref = self.refs.get(key)
+        if ref is None:
+            ref = self.refs[key] = StorageRef(key, stype.dtype, numel, location, stype.name)
+            if len(pid) == 6 and pid[5] is not None:  # type: ignore[arg-type]
+                ref.error = "legacy storage view (pre-0.4 format) is not supported"
+            return ref
+        if ref.dtype is stype.dtype and ref.numel == numel:
+            return ref
+        # torch.save refuses to write two dtypes viewing one storage; torch.load silently reinterprets
+        # the first. Here the later references fail, each with the reason.
+        other = StorageRef(key, stype.dtype, numel, location, stype.name)
+        other.error = (f"storage {key!r} is referenced as {ref.typename}(numel={ref.numel}) and as "
+                       f"{stype.name}(numel={numel})")
+        return other
+
+    # --- tensors -------------------------------------------------------------------------------------
+    def _tensor(self, kind: str, storage: object, dtype: DType | None, offset: object, size: object,
+                stride: object, requires_grad: object, metadata: object = None) -> TensorNode:
+        if type(storage) is PersistentId:
+            storage = self._storage(storage.args, "")
+        else:
+            storage = self.value(storage)
+        error = None
+        ref = storage if type(storage) is StorageRef else None
+        if ref is None:
+            error = f"storage argument is {_show(storage)}, not a storage reference"
+        elif dtype is None:
+            dtype = ref.dtype or UINT8
+        shape = _ints(self.value(size))
+        strides = _ints(self.value(stride))
+        if shape is None:
+            error = error or f"size is {_show(size)}, not a tuple of ints"
+            shape = ()
+        if strides is None:
+            error = error or f"stride is {_show(stride)}, not a tuple of ints"
+        elif len(strides) != len(shape):
+            error = error or f"{len(shape)} sizes but {len(strides)} strides"
+        if type(offset) is not int:
+            error = error or f"storage offset is {_show(offset)}"
+            offset = 0
+        t = TensorNode(kind, ref, dtype or UINT8, shape, strides, offset, requires_grad is True,
+                       metadata if type(metadata) is dict and metadata else None)
+        if t.metadata:
+            t.extra = {k: v for k, v in t.metadata.items() if isinstance(k, str)}
+        t.error = error
+        return t
+
+    def v2(self, call: Call) -> TensorNode:
+        """``_rebuild_tensor_v2`` with plain arguments, inlined: most tensors of every checkpoint.
+        (Not memoised: a tensor call the pickle shares converts to equal nodes, one per reference.)"""
+        a = call.args
+        n = len(a)
+        if n == 6 or n == 7:
+            storage, offset, size, stride, requires_grad = a[0], a[1], a[2], a[3], a[4]
+            if type(storage) is PersistentId and type(offset) is int and type(size) is tuple \
+                    and type(stride) is tuple and len(size) == len(stride):
+                for x in size:
+                    if type(x) is not int:
+                        break
+                else:
+                    for x in stride:
+                        if type(x) is not int:
+                            break
+                    else:
+                        ref = self._storage(storage.args)
+                        metadata = a[6] if n == 7 else None
+                        if metadata is not None and not (type(metadata) is dict and metadata):
+                            metadata = None
+                        t = TensorNode("dense", ref, ref.dtype or UINT8, size, stride, offset, requires_grad is True,
+                                       metadata)
+                        if metadata:
+                            t.extra = {k: v for k, v in metadata.items() if isinstance(k, str)}
+                        if ref.error is not None:
+                            t.error = ref.error
+                        return t
+        return self.convert(call)  # type: ignore[return-value]
+
+    def _v2(self, a: tuple, name: str) -> TensorNode:
+        # (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+        if 4 <= len(a) <= 7:
+            return self._tensor("dense", a[0], None, a[1], a[2], a[3], a[4] if len(a) > 4 else False,
+                                a[6] if len(a) > 6 else None)
+        return self._bad_call(name, a)
+
+    def _v3(self, a: tuple, name: str) -> TensorNode:
+        # (storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
+        if len(a) in (7, 8):
+            dt = a[6]
+            if not isinstance(dt, TorchDType):
+                t = self._tensor("dense", a[0], None, a[1], a[2], a[3], a[4])
+                t.error = t.error or f"dtype argument is {_show(dt)}"
+                return t
+            return self._tensor("dense", a[0], dt.dtype, a[1], a[2], a[3], a[4], a[7] if len(a) > 7 else None)
+        return self._bad_call(name, a)
+
+    def _v1(self, a: tuple, name: str) -> TensorNode:
+        if len(a) == 4:
+            return self._tensor("dense", a[0], None, a[1], a[2], a[3], False)
+        return self._bad_call(name, a)
+
+    def _parameter(self, a: tuple, name: str) -> object:
+        # (data, requires_grad, backward_hooks[, state])
+        if len(a) < 2:
+            return self._bad_call(name, a)
+        data = self.value(a[0])
+        if not isinstance(data, TensorNode):
+            return self._bad_call(name, a, f"parameter data is {_show(data)}, not a tensor")
+        t = data.copy()
+        t.is_parameter = True
+        t.requires_grad = a[1] is True
+        state = a[3] if len(a) > 3 else None
+        if state not in (None, {}, (None, None)):
+            t.extra = dict(t.extra or {})
+            t.extra["python_state"] = state  # kept as data; never set as attributes
+        return t
+
+    def _qtensor(self, a: tuple, name: str) -> TensorNode:
+        # (storage, storage_offset, size, stride, quantizer_params, requires_grad, backward_hooks)
+        if len(a) != 7:
+            return self._bad_call(name, a)
+        t = self._tensor("quantized", a[0], None, a[1], a[2], a[3], a[5])
+        q = a[4]
+        t.extra = dict(t.extra or {})
+        t.extra["qparams"] = tuple(self.value(x) for x in q) if isinstance(q, tuple) else q
+        return t
+
+    def _meta(self, a: tuple, name: str) -> TensorNode:
+        # (dtype, size, stride, requires_grad)
+        if len(a) != 4:
+            return self._bad_call(name, a)
+        dt, size, stride, rg = a
+        shape, strides = _ints(self.value(size)), _ints(self.value(stride))
+        t = TensorNode("meta", None, dt.dtype if isinstance(dt, TorchDType) else UINT8, shape or (), strides, 0,
+                       rg is True)
+        if not isinstance(dt, TorchDType) or shape is None or strides is None:
+            t.error = f"malformed meta tensor {_show(a)}"
+        t.unsupported = "meta tensor: it has a shape and dtype but no data"
+        return t
+
+    def _from_type(self, a: tuple, name: str) -> object:
+        # (func, new_type, args, state): a tensor subclass; func is itself a recorded rebuild call class
+        if len(a) != 4 or not isinstance(a[2], tuple):
+            return self._bad_call(name, a)
+        func, new_type, args, state = a
+        if not (isinstance(func, type) and issubclass(func, Call)):
+            return self._bad_call(name, a, f"rebuild function is {_show(func)}")
+        inner = self.convert(func(*args))
+        if not isinstance(inner, TensorNode):
+            return inner
+        t = inner.copy()
+        t.extra = dict(t.extra or {})
+        qual = getattr(new_type, "qualname", None)
+        if qual not in (None, "torch.Tensor", "torch._tensor.Tensor", "torch.nn.parameter.Parameter"):
+            t.extra["subclass"] = qual
+        if qual == "torch.nn.parameter.Parameter":
+            t.is_parameter = True
+        if state not in (None, {}):
+            t.extra["python_state"] = state
+        return t
+
+    def _exotic(self, a: tuple, name: str) -> TensorNode:
+        """Rebuild calls whose bytes are not served yet: indexed, with what they are and why."""
+        kind = {
+            U + "_rebuild_sparse_tensor": "sparse", U + "_rebuild_sparse_csr": "sparse",
+            U + "_rebuild_nested_tensor": "nested", U + "_rebuild_wrapper_subclass": "wrapper",
+            U + "_rebuild_device_tensor_from_numpy": "numpy_device",
+            U + "_rebuild_device_tensor_from_cpu_tensor": "cpu_device", U + "_rebuild_xla_tensor": "xla",
+            U + "_rebuild_mkldnn_tensor": "mkldnn",
+        }.get(name, "unknown")
+        t = TensorNode(kind, None, UINT8, (), None, 0)
+        t.extra = {"call": name, "args": tuple(self.value(x) for x in a)}
+        t.unsupported = f"{kind} tensors ({name}) are indexed but their bytes are not served yet"
+        return t
+
+    def _bad_call(self, name: str, a: tuple, why: str | None = None) -> TensorNode:
+        t = TensorNode("dense", None, UINT8, (), None, 0)
+        t.error = why or f"{name} called with {len(a)} arguments: {_show(a)}"
+        return t
+
+    # --- small values --------------------------------------------------------------------------------
+    def _size(self, a: tuple, name: str) -> object:
+        if len(a) == 1 and _ints(a[0]) is not None:
+            return tuple(a[0])
+        return _opaque_value(name, a)
+
+    def _device(self, a: tuple, name: str) -> object:
+        if len(a) == 1 and isinstance(a[0], str):
+            return TorchDevice(a[0])
+        if len(a) == 2 and isinstance(a[0], str) and type(a[1]) is int:
+            return TorchDevice(f"{a[0]}:{a[1]}")
+        return _opaque_value(name, a)
+
+    def _layout(self, a: tuple, name: str) -> object:
+        if len(a) == 1 and isinstance(a[0], str) and a[0].startswith("torch."):
+            return TorchGlobal(a[0])
+        return _opaque_value(name, a)
+
+
+def _opaque_value(name: str, args: tuple) -> OpaqueObject:
+    from .allowlist import opaque_call
+
+    return opaque_call(name, args)
+
+
+def _ints(v: object) -> tuple | None:
+    if type(v) is tuple or type(v) is list:
+        for x in v:  # type: ignore[attr-defined]
+            if type(x) is not int:
+                return None
+        return tuple(v)  # type: ignore[arg-type]
+    return None
+
+
+
+def _bad_pid(pid: object) -> str | None:
+    if type(pid) is not tuple or len(pid) not in (5, 6):  # type: ignore[arg-type]
+        return f"persistent id {_show(pid)} is not a storage reference"
+    if _ascii(pid[0]) != "storage":  # type: ignore[index]
+        return f"persistent id of type {_show(pid[0])} is not a storage"  # type: ignore[index]
+    stype, key, location, numel = pid[1:5]  # type: ignore[index]
+    if type(stype) is not StorageType:
+        return f"persistent id names {_show(stype)} as its storage type"
+    key = _ascii(key)
+    if not (type(key) is str or type(key) is int) or not isinstance(_ascii(location), str):
+        return f"malformed storage reference {_show(pid)}"
+    if type(numel) is not int or numel < 0:
+        return f"storage {key!r} declares {_show(numel)} elements"
+    return None
+
+
+# --- values whose data lives in the pickle ---------------------------------------------------------------
+
+_NUMPY_CODE = re.compile(r"^[<>|=]?([fiucb?])(\d{0,2})$")
+_NUMPY_TO_TORCH = {
+    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64", ("i", 1): "int8", ("i", 2): "int16",
+    ("i", 4): "int32", ("i", 8): "int64", ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32",
+    ("u", 8): "uint64", ("b", 1): "bool", ("?", 1): "bool", ("c", 8): "complex64", ("c", 16): "complex128",
+}
+
+
+def numpy_code_dtype(code: object) -> tuple[DType | None, str]:
+    """Map a numpy dtype code ('f4', '<i8', 'b1') to our DType and byte order; (None, reason) if not."""
+    if not isinstance(code, str):
+        return None, "little"
+    m = _NUMPY_CODE.match(code)
+    if not m:
+        return None, "little"
+    kind, size = m.group(1), int(m.group(2) or (1 if m.group(1) in "b?" else 0))
+    name = _NUMPY_TO_TORCH.get((kind, size))
+    order = "big" if code.startswith(">") else "little"
+    return (DTYPES[name] if name else None), order
+
+
+def numpy_array_node(arr: NumpyArray) -> TensorNode:
+    """A numpy array pickled inside the checkpoint: its bytes are in the pickle (served from there)."""
+    t = TensorNode("numpy", None, DTYPES["uint8"], (), None, 0)
+    st = arr.state
+    if not (isinstance(st, tuple) and len(st) == 5):
+        t.unsupported = "numpy array with an unrecognised state"
+        return t
+    _version, shape, dt, is_fortran, raw = st
+    if not (isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape)):
+        t.error = "numpy array with a malformed shape"
+        return t
+    code = dt.code if isinstance(dt, NumpyDType) else None
+    dtype, order = numpy_code_dtype(code)
+    if isinstance(dt, NumpyDType) and dt.byteorder == ">":
+        order = "big"
+    t.shape = shape
+    t.extra = {"numpy_dtype": code, "byteorder": order, "fortran_order": bool(is_fortran)}
+    if dtype is None:
+        t.unsupported = f"numpy array of dtype {code!r} (not a numeric dtype torch has)"
+        return t
+    t.dtype = dtype
+    if isinstance(raw, str):  # Python-2 style: latin-1 text
+        raw = raw.encode("latin-1", "surrogateescape")
+    if not isinstance(raw, (bytes, bytearray)):
+        t.unsupported = "numpy object array (its items are Python objects)"
+        return t
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel * dtype.itemsize != len(raw):
+        t.error = f"numpy array data is {len(raw)} bytes, its shape and dtype need {numel * dtype.itemsize}"
+        return t
+    stride = [0] * len(shape)
+    acc = 1
+    order_dims = range(len(shape)) if is_fortran else range(len(shape) - 1, -1, -1)
+    for d in order_dims:
+        stride[d] = acc
+        acc *= shape[d]
+    t.stride = tuple(stride)
+    t.extra["inline"] = bytes(raw)
+    return t
+
+
+def storage_as_tensor(ref: StorageRef) -> TensorNode:
+    """A storage saved on its own (``torch.save(t.untyped_storage())``): served as a 1-D tensor of it."""
+    dtype = ref.dtype or DTYPES["uint8"]
+    t = TensorNode("dense", ref, dtype, (ref.numel,), (1,), 0)
+    t.extra = {"storage": ref.typename}
+    t.error = ref.error
+    return t
+
+
+def numpy_scalar_value(s: NumpyScalar) -> object:
+    """The Python value of a pickled numpy scalar, decoded by numpy from its raw bytes."""
+    code = s.dtype.code if isinstance(s.dtype, NumpyDType) else None
+    dtype, order = numpy_code_dtype(code)
+    if isinstance(s.dtype, NumpyDType) and s.dtype.byteorder == ">":
+        order = "big"
+    raw = s.raw.encode("latin-1", "surrogateescape") if isinstance(s.raw, str) else s.raw
+    if dtype is None or not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
+        return s
+    import numpy as np
+
+    from .dtypes import numpy_dtype
+
+    return np.frombuffer(raw, dtype=numpy_dtype(dtype, order))[0].item()

@@ -1,0 +1,334 @@
+"""The index: the unpickled object graph flattened into typed entries, each tensor validated.
+
+One iterative walk over what the safe unpickler built (never recursive: 10^6-deep nesting fails with a
+LimitError, not a crash). Shared objects are visited once: a container reached a second time becomes
+a ``link`` entry to its first path (a memo "billion laughs" DAG costs its size, not its expansion).
+Keys join path components with "." (a state_dict key "a.b" stays "a.b"; ``{'model': {'fc.w': t}}`` gives
+"model.fc.w"); each entry also keeps its parent, so the exact path of original keys is recoverable.
+"""
+
+from __future__ import annotations
+
+from .allowlist import TENSOR_CALLS
+from .convert import Converter, numpy_array_node, numpy_scalar_value, storage_as_tensor
+from .errors import LimitError
+from .limits import DEFAULT_LIMITS, Limits
+from .nodes import (
+    Call,
+    Inert,
+    NumpyArray,
+    NumpyDType,
+    NumpyScalar,
+    OpaqueObject,
+    PickledOrderedDict,
+    StorageRef,
+    TensorNode,
+)
+
+TENSOR, LEAF, DICT, LIST, TUPLE, SET, OPAQUE, LINK = ("tensor", "leaf", "dict", "list", "tuple", "set",
+                                                      "opaque", "link")
+CONTAINERS = (DICT, LIST, TUPLE, SET, OPAQUE)
+LEAF_TYPES = (int, float, bool, str, bytes, bytearray, type(None), complex)
+V2_CALL = TENSOR_CALLS[("torch._utils", "_rebuild_tensor_v2")]
+
+
+class Entry:
+    """A view of one index row (made on demand; the index itself is columnar)."""
+
+    __slots__ = ("index", "i")
+
+    def __init__(self, index: "Index", i: int) -> None:
+        self.index = index
+        self.i = i
+
+    key = property(lambda self: self.index.keys[self.i], doc="dotted key, unique within the index")
+    name = property(lambda self: self.index.names[self.i], doc="original key/index in the parent container")
+    parent = property(lambda self: self.index.parents[self.i], doc="parent row, -1 for the root")
+    kind = property(lambda self: self.index.kinds[self.i], doc="tensor/leaf/dict/list/tuple/set/opaque/link")
+    node = property(lambda self: self.index.nodes[self.i],
+                    doc="TensorNode, leaf value, container info (see _container_info), or a link's target row")
+
+    def __repr__(self) -> str:
+        return f"Entry({self.key!r}, {self.kind})"
+
+
+def component(name: object) -> str:
+    """A path component as text: strings as they are, ints as digits, anything else by repr."""
+    if type(name) is str:
+        return name
+    if type(name) is int:
+        return str(name)
+    return _safe_repr(name)
+
+
+def _safe_repr(v: object) -> str:
+    if isinstance(v, (Inert, OpaqueObject)) or type(v) in (tuple, frozenset) and len(v) > 16:  # type: ignore[arg-type]
+        return f"<{type(v).__name__}>"
+    try:
+        s = repr(v)
+    except Exception:  # noqa: BLE001 - hostile nesting
+        s = f"<{type(v).__name__}>"
+    return s if len(s) <= 256 else s[:253] + "..."
+
+
+def opaque_children(obj: OpaqueObject) -> list[tuple[object, object]]:
+    """What an opaque object carries, as (name, value) pairs: SETITEMS items and APPENDS items by their
+    key/index, a dict BUILD state by attribute name, then anything else under __args__ / __kwargs__ /
+    __state__ (a name that would collide also goes under its group)."""
+    out: list[tuple[object, object]] = []
+    taken: set = set()
+
+    def add(name: object, value: object) -> None:
+        try:
+            hash(name)
+        except TypeError:
+            name = _safe_repr(name)
+        if name in taken:
+            return
+        taken.add(name)
+        out.append((name, value))
+
+    group: dict[str, object] = {}
+    if obj.items:
+        for k, v in obj.items.items():
+            add(k, v)
+    if obj.list_items:
+        for i, v in enumerate(obj.list_items):
+            add(i, v)
+    state = obj.state
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)) \
+            and isinstance(state[1], dict):
+        state, slots = state
+    for part in (state, slots):
+        if isinstance(part, dict):
+            for k, v in part.items():
+                if k in taken:
+                    group.setdefault("__state__", {})[k] = v  # type: ignore[index]
+                else:
+                    add(k, v)
+        elif part is not None:
+            group["__state__"] = part
+    if obj.args:
+        group["__args__"] = list(obj.args)
+    if obj.kwargs:
+        group["__kwargs__"] = dict(obj.kwargs)
+    for name, value in group.items():
+        if name in taken:
+            name = f"_{name}"
+        add(name, value)
+    return out
+
+
+class Index:
+    """The checkpoint tree as columns (one row per node; a container's children are consecutive rows).
+
+    Rows are added breadth-first: expanding a container appends all its children at once, so
+    ``children(i)`` is a range and no per-row objects are made (20k tensors index in tens of ms).
+    ``order()`` gives depth-first (checkpoint) order for listings.
+    """
+
+    def __init__(self, root: object, *, limits: Limits = DEFAULT_LIMITS, converter: Converter | None = None) -> None:
+        self.limits = limits
+        self.keys: list[str] = []
+        self.names: list[object] = []
+        self.parents: list[int] = []
+        self.kinds: list[str] = []
+        self.nodes: list[object] = []
+        self.by_key: dict[str, int] = {}
+        self._spans: dict[int, tuple[int, int]] = {}  # container row -> (first child row, count)
+        self.n_tensors = 0
+        self._order: list[int] | None = None
+        self._build(root, converter or Converter(limits))
+
+    # --- building -------------------------------------------------------------------------------------
+    def _classify(self, v: object, conv: Converter) -> tuple[str, object]:
+        """(kind, node) for one value; recorded calls and pickle-data values are converted here."""
+        if isinstance(v, Call):
+            v = conv.convert(v)
+        t = type(v)
+        if t is TensorNode:
+            return TENSOR, v
+        if t in LEAF_TYPES:
+            return LEAF, v
+        if t is dict or t is PickledOrderedDict:
+            return DICT, v
+        if t is list:
+            return LIST, v
+        if t is tuple:
+            return TUPLE, v
+        if t is set or t is frozenset:
+            return SET, v
+        if isinstance(v, OpaqueObject):
+            return OPAQUE, v
+        if t is NumpyArray:
+            return TENSOR, numpy_array_node(v)  # type: ignore[arg-type]
+        if t is NumpyScalar:
+            return LEAF, numpy_scalar_value(v)  # type: ignore[arg-type]
+        if t is StorageRef:
+            return TENSOR, storage_as_tensor(v)  # type: ignore[arg-type]
+        return LEAF, v  # dtype/device/layout markers, classes referenced as values, ...
+
+    def _build(self, root: object, conv: Converter) -> None:
+        limits = self.limits
+        keys, names, parents, kinds, nodes = self.keys, self.names, self.parents, self.kinds, self.nodes
+        by_key, spans = self.by_key, self._spans
+        classify = self._classify
+        seen: dict[int, int] = {}  # id(container) -> its row: a container met again becomes a link
+        keep_alive: list[object] = []  # containers whose id() is in `seen` (ids must not be reused)
+        depth: dict[int, int] = {}
+        max_depth, max_nodes, max_tensors = limits.max_depth, limits.max_nodes, limits.max_tensors
+        v2 = V2_CALL
+        v2_convert = conv.v2
+
+        kind, node = classify(root, conv)
+        keys.append("")
+        names.append(None)
+        parents.append(-1)
+        kinds.append(kind)
+        nodes.append(node)
+        by_key[""] = 0
+        n_tensors = 1 if kind == TENSOR else 0
+        if kind in CONTAINERS:
+            seen[id(node)] = 0
+            keep_alive.append(node)
+            depth[0] = 0
+        i = 0
+        while i < len(keys):
+            k_i = kinds[i]
+            if k_i not in CONTAINERS or i in spans:
+                i += 1
+                continue
+            obj = nodes[i]
+            d1 = depth[i] + 1
+            if k_i == DICT:
+                items = obj.items()  # type: ignore[attr-defined]
+            elif k_i == OPAQUE:
+                items = opaque_children(obj)  # type: ignore[arg-type]
+            else:
+                items = enumerate(obj)  # type: ignore[call-overload]
+            prefix = keys[i] + "." if i else ""
+            first = len(keys)
+            n_items = len(items) if k_i == OPAQUE else len(obj)  # type: ignore[arg-type]
+            if first + n_items > max_nodes:
+                raise LimitError(f"more than {max_nodes} objects in the checkpoint")
+            for name, v in items:
+                if type(v) is v2:  # the common case first: a plain tensor
+                    kind, node = TENSOR, v2_convert(v)
+                else:
+                    kind, node = classify(v, conv)
+                key = prefix + (name if type(name) is str else component(name))
+                row = len(keys)
+                if by_key.setdefault(key, row) != row:
+                    key = _dedupe(key, by_key)
+                    by_key[key] = row
+                if kind == TENSOR:
+                    n_tensors += 1
+                elif kind in CONTAINERS:
+                    oid = id(node)
+                    target = seen.get(oid)
+                    if target is not None:
+                        kind, node = LINK, target
+                    else:
+                        if d1 > max_depth:
+                            raise LimitError(f"containers nest deeper than {max_depth} levels (at {key[:80]!r})")
+                        seen[oid] = row
+                        keep_alive.append(node)
+                        depth[row] = d1
+                keys.append(key)
+                names.append(name)
+                parents.append(i)
+                kinds.append(kind)
+                nodes.append(node)
+            spans[i] = (first, len(keys) - first)
+            nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
+            if n_tensors > max_tensors:
+                raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
+            i += 1
+        self.n_tensors = n_tensors
+
+    # --- queries --------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def entry(self, i: int) -> Entry:
+        return Entry(self, i)
+
+    def get(self, key: str) -> int | None:
+        return self.by_key.get(key)
+
+    def children(self, i: int) -> range:
+        first, count = self._spans.get(i, (0, 0))
+        return range(first, first + count)
+
+    def path(self, i: int) -> tuple:
+        """The original keys/indices from the root to row ``i``."""
+        out = []
+        names, parents = self.names, self.parents
+        while parents[i] >= 0:
+            out.append(names[i])
+            i = parents[i]
+        return tuple(reversed(out))
+
+    def find_path(self, path: tuple) -> int | None:
+        """The row at a path of original keys (reaches keys whose dotted form is ambiguous)."""
+        i = 0
+        for part in path:
+            for c in self.children(i):
+                n = self.names[c]
+                if type(n) is type(part) and n == part:
+                    i = c
+                    break
+            else:
+                return None
+        return i
+
+    def resolve(self, i: int) -> int:
+        """Follow links to the row they point to."""
+        while self.kinds[i] == LINK:
+            i = self.nodes[i]  # type: ignore[assignment]
+        return i
+
+    def order(self) -> list[int]:
+        """All rows in depth-first pre-order: the order of the checkpoint itself."""
+        if self._order is None:
+            out: list[int] = []
+            stack = [0]
+            spans = self._spans
+            while stack:
+                i = stack.pop()
+                out.append(i)
+                sp = spans.get(i)
+                if sp is not None and sp[1]:
+                    stack.extend(range(sp[0] + sp[1] - 1, sp[0] - 1, -1))
+            self._order = out
+        return self._order
+
+    def tensors(self) -> list[int]:
+        kinds = self.kinds
+        return [i for i in self.order() if kinds[i] == TENSOR]
+
+    def leaves(self) -> list[int]:
+        """Rows of tensors and leaf values, in checkpoint order (what ``Checkpoint.keys()`` lists)."""
+        kinds = self.kinds
+        return [i for i in self.order() if kinds[i] == TENSOR or kinds[i] == LEAF]
+
+
+def _container_info(obj: object) -> object:
+    """What a container row keeps once its children are rows: nothing for plain containers, the BUILD
+    state (``_metadata``) for an OrderedDict, the object itself for opaque objects (their class name and
+    how they were made). Dropping the rest frees the unpickled graph (most of the memory) early."""
+    if type(obj) is PickledOrderedDict:
+        info = PickledOrderedDict()
+        info.state = getattr(obj, "state", None)
+        return info
+    if isinstance(obj, OpaqueObject):
+        return obj
+    return None
+
+
+def _dedupe(key: str, by_key: dict[str, int]) -> str:
+    n = 2
+    while f"{key}#{n}" in by_key:
+        n += 1
+    return f"{key}#{n}"

@@ -1,0 +1,175 @@
+"""Reading a tensor's logical bytes: what ``t.contiguous().numpy().tobytes()`` would give, by range.
+
+A C-contiguous tensor is one byte range of its record: a read is one ``pread``. Any other strided
+view (transposed, sliced, expanded with stride 0, channels_last) is gathered with numpy from the
+storage bytes it touches, in blocks (never a Python loop per element). Bytes are in the file's byte
+order, exactly as stored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .container.base import Record
+from .errors import TensorError
+from .nodes import TensorNode
+from .tensors import STRIDED_KINDS, is_contiguous, nbytes, numel
+
+class TensorReader:
+    """Serves byte ranges of one tensor's logical content."""
+
+    __slots__ = ("t", "record", "size", "base", "contiguous", "inline", "file_name", "key")
+
+    def __init__(self, t: TensorNode, *, file_name: str = "", key: str = "") -> None:
+        self.t = t
+        self.file_name = file_name
+        self.key = key
+        self.size = nbytes(t)
+        self.inline: bytes | None = None
+        self.record: Record | None = None
+        self.base = 0
+        self.contiguous = False
+        if t.error is not None:
+            raise self._fail(t.error)
+        if t.kind == "numpy" and t.extra and "inline" in t.extra and t.unsupported is None:
+            self.inline = t.extra["inline"]
+            self.contiguous = not t.extra.get("fortran_order") or len(t.shape) < 2
+            return
+        if t.unsupported is not None and t.kind not in STRIDED_KINDS:
+            raise self._fail(t.unsupported, cls=None)
+        if t.kind not in STRIDED_KINDS:
+            raise self._fail(f"{t.kind} tensors are not served")
+        ref = t.storage
+        if ref is None or ref.record is None:
+            raise self._fail("storage record is not resolved")
+        self.record = ref.record  # type: ignore[assignment]
+        self.base = t.storage_offset * t.dtype.itemsize
+        self.contiguous = is_contiguous(t.shape, t.stride)  # type: ignore[arg-type]
+
+    def _fail(self, msg: str, cls: type | None = TensorError) -> Exception:
+        from .errors import UnsupportedError
+
+        record = None
+        if self.t.storage is not None and self.t.storage.record is not None:
+            record = self.t.storage.record.name  # type: ignore[attr-defined]
+        where = f"{self.key} ({record})" if record and self.key else (self.key or record)
+        return (cls or UnsupportedError)(msg, file=self.file_name, record=where)
+
+    # --- public -----------------------------------------------------------------------------------------
+    def read(self, offset: int = 0, size: int = -1) -> bytes:
+        offset, size = self._clip(offset, size)
+        if size == 0:
+            return b""
+        if self.contiguous:
+            if self.inline is not None:
+                return self.inline[offset : offset + size]
+            return self.record.pread(self.base + offset, size)  # type: ignore[union-attr]
+        out = bytearray(size)
+        self._gather_into(memoryview(out), offset)
+        return bytes(out)
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        """Fill ``buf`` with logical bytes from ``offset``; returns the count (short only at the end)."""
+        offset, size = self._clip(offset, len(buf))
+        if size == 0:
+            return 0
+        buf = buf[:size]
+        if self.contiguous:
+            if self.inline is not None:
+                buf[:] = self.inline[offset : offset + size]
+                return size
+            got = self.record.preadinto(buf, self.base + offset)  # type: ignore[union-attr]
+            if got != size:
+                raise self._fail("record data is truncated")
+            return size
+        self._gather_into(buf, offset)
+        return size
+
+    def _clip(self, offset: int, size: int) -> tuple[int, int]:
+        if offset < 0:
+            raise ValueError("negative offset")
+        if size < 0 or offset + size > self.size:
+            size = max(0, self.size - offset)
+        return offset, size
+
+    # --- strided gather -----------------------------------------------------------------------------------
+    def _gather_into(self, out: memoryview, offset: int) -> None:
+        t = self.t
+        itemsize = t.dtype.itemsize
+        e0 = offset // itemsize
+        e1 = -(-(offset + len(out)) // itemsize)
+        skip = offset - e0 * itemsize
+        if skip == 0 and (e1 - e0) * itemsize == len(out):
+            dst = np.frombuffer(out, dtype=np.uint8).reshape(e1 - e0, itemsize)
+            self._gather_elements(e0, e1, dst)
+            return
+        tmp = np.empty((e1 - e0, itemsize), dtype=np.uint8)
+        self._gather_elements(e0, e1, tmp)
+        out[:] = tmp.reshape(-1)[skip : skip + len(out)]
+
+    def _gather_elements(self, e0: int, e1: int, dst: np.ndarray) -> None:
+        """Logical elements [e0, e1) into ``dst`` (shape (e1-e0, itemsize), uint8)."""
+        t = self.t
+        itemsize = t.dtype.itemsize
+        shape, stride = t.shape, t.stride
+        if self.inline is not None:  # a Fortran-ordered numpy array: its storage is the pickled bytes
+            storage, base = np.frombuffer(self.inline, dtype=np.uint8), 0
+        else:
+            rec = self.record
+            span = rec.file_span()  # type: ignore[union-attr]
+            src = getattr(getattr(rec, "archive", None), "source", None)
+            if span is not None and hasattr(src, "mmap"):
+                # the whole storage through the page cache: only the pages the view touches are read
+                storage = np.frombuffer(src.mmap(), dtype=np.uint8, count=rec.size, offset=span[0])  # type: ignore[union-attr]
+                base = t.storage_offset
+            else:  # deflated or remote: read the storage span of the rows this range touches
+                inner = numel(shape[1:]) if shape else 1
+                if shape and inner:
+                    i_lo, i_hi = e0 // inner, (e1 - 1) // inner
+                    shape = (i_hi - i_lo + 1,) + tuple(shape[1:])
+                    e0, e1 = e0 - i_lo * inner, e1 - i_lo * inner
+                    origin = t.storage_offset + i_lo * stride[0]  # type: ignore[index]
+                else:
+                    origin = t.storage_offset
+                n = (_span(shape, stride) + 1) * itemsize  # type: ignore[arg-type]
+                storage = np.frombuffer(rec.pread(origin * itemsize, n), dtype=np.uint8)  # type: ignore[union-attr]
+                base = 0
+        view = np.lib.stride_tricks.as_strided(
+            storage[base * itemsize :],
+            shape=tuple(shape) + (itemsize,),
+            strides=tuple(s * itemsize for s in stride) + (1,),  # type: ignore[union-attr]
+            writeable=False,
+        )
+        _copy_range(view, e0, e1, dst)
+
+
+def _span(shape: tuple, stride: tuple) -> int:
+    return sum((s - 1) * st for s, st in zip(shape, stride) if s > 0)
+
+
+def _copy_range(view: np.ndarray, e0: int, e1: int, dst: np.ndarray) -> None:
+    """Logical elements [e0, e1) of ``view`` (last axis = bytes of one element) into dst rows."""
+    shape = view.shape[:-1]
+    itemsize = view.shape[-1]
+    if len(shape) == 0:
+        dst[0] = view
+        return
+    inner = numel(shape[1:])
+    if inner == 0:
+        return
+    i0, r0 = divmod(e0, inner)
+    i1, r1 = divmod(e1, inner)
+    pos = 0
+    if r0:
+        end = inner if i1 > i0 else r1
+        _copy_range(view[i0], r0, end, dst[pos : pos + end - r0])
+        pos += end - r0
+        i0 += 1
+        if i1 < i0:
+            return
+    if i1 > i0:
+        n = (i1 - i0) * inner
+        dst[pos : pos + n] = np.ascontiguousarray(view[i0:i1]).reshape(-1, itemsize)
+        pos += n
+    if r1 and i1 < shape[0]:
+        _copy_range(view[i1], 0, r1, dst[pos : pos + r1])

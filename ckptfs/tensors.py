@@ -1,0 +1,132 @@
+"""Tensor geometry and validation: which bytes of which record hold a tensor, or why none can.
+
+A dense tensor is (storage, dtype, shape, stride, storage_offset) as in ``Tensor.set_``. It is served
+only if every element it addresses lies inside its storage, the storage's record exists and has
+exactly the size the pickle declares, and nothing overflows. Anything else records an error on that
+tensor alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .container.base import Container
+from .errors import CkptfsError
+from .limits import Limits
+from .nodes import StorageRef, TensorNode
+
+if TYPE_CHECKING:
+    from .index import Index
+
+#: Kinds whose bytes are a strided view of one storage (quantized tensors store raw integers the same way).
+STRIDED_KINDS = ("dense", "quantized")
+MAX_NBYTES = 1 << 62
+
+
+def numel(shape: tuple) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    out = [0] * len(shape)
+    acc = 1
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = acc
+        acc *= shape[d]
+    return tuple(out)
+
+
+def is_contiguous(shape: tuple, stride: tuple) -> bool:
+    """C-contiguous as torch defines it: strides of size-1 dimensions do not matter."""
+    acc = 1
+    for d in range(len(shape) - 1, -1, -1):
+        s = shape[d]
+        if s != 1:
+            if stride[d] != acc:
+                return False
+            acc *= s
+    return True
+
+
+def nbytes(t: TensorNode) -> int:
+    """Bytes of the tensor's logical (C-contiguous) content; 0 for kinds with no data."""
+    if t.kind == "meta" or t.unsupported is not None and t.kind != "numpy":
+        return 0
+    return numel(t.shape) * t.dtype.itemsize
+
+
+def validate_all(index: "Index", container: Container | None, limits: Limits) -> None:
+    """Validate every tensor of an index (once all storages are known): each storage against its record
+    once, then each tensor's geometry against its storage."""
+    kinds, nodes = index.kinds, index.nodes
+    max_ndim = limits.max_ndim
+    for i in range(len(kinds)):
+        if kinds[i] != "tensor":
+            continue
+        t = nodes[i]
+        if t.error is not None or t.unsupported is not None or t.kind not in STRIDED_KINDS:
+            continue
+        ref = t.storage
+        if ref is not None and not ref.checked:
+            check_storage(ref, container)
+        t.error = check_geometry(t, max_ndim)
+
+
+def validate(t: TensorNode, container: Container | None, limits: Limits) -> None:
+    """Check one strided tensor against its storage and record; sets ``t.error`` on the first problem."""
+    if t.error is not None or t.kind not in STRIDED_KINDS or t.unsupported is not None:
+        return
+    if t.storage is not None and not t.storage.checked:
+        check_storage(t.storage, container)
+    t.error = check_geometry(t, limits.max_ndim)
+
+
+def check_storage(ref: StorageRef, container: Container | None) -> None:
+    """The storage's record must exist and hold exactly the bytes the pickle declares."""
+    ref.checked = True
+    if ref.error is not None:
+        return
+    if container is None:
+        ref.error = "no container to read storages from"
+        return
+    try:
+        size = container.storage_size(ref.key)
+    except CkptfsError as e:
+        ref.error = e.reason if e.record is None else f"{e.record}: {e.reason}"
+        return
+    if size != ref.nbytes:
+        ref.error = (f"record data/{ref.key} holds {size} bytes but the pickle declares {ref.numel} x "
+                     f"{ref.itemsize} = {ref.nbytes} bytes")
+
+
+def check_geometry(t: TensorNode, max_ndim: int) -> str | None:
+    """Every element the view addresses must lie inside its storage; nothing negative or overflowing."""
+    shape, stride, offset = t.shape, t.stride, t.storage_offset
+    ref = t.storage
+    if ref is None:
+        return "no storage"
+    if ref.error is not None:
+        return ref.error
+    if stride is None:
+        return "no strides"
+    if len(shape) > max_ndim:
+        return f"{len(shape)} dimensions (limit {max_ndim})"
+    if offset < 0:
+        return f"negative storage offset {offset}"
+    n = 1
+    last = offset
+    for s, st in zip(shape, stride):
+        if s < 0 or st < 0:
+            return f"negative size or stride (shape {shape}, stride {stride}; torch has no negative strides)"
+        n *= s
+        last += (s - 1) * st
+    itemsize = t.dtype.itemsize
+    if n * itemsize > MAX_NBYTES:
+        return f"shape {shape} is too large ({n} elements of {itemsize} bytes overflow)"
+    if n and (last + 1) * itemsize > ref.nbytes:
+        return (f"elements reach byte {(last + 1) * itemsize} but storage {ref.key!r} holds {ref.nbytes} bytes "
+                f"(shape {shape}, stride {stride}, offset {offset})")
+    return None
