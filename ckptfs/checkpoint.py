@@ -114,7 +114,7 @@ class Checkpoint:
 
     # --- metadata --------------------------------------------------------------------------------------
     def meta(self, key: "str | tuple") -> Meta:
-        return Meta(self.index, self.row(key), self.byteorder)
+        return Meta(self.index, self.row(key), self.byteorder, self.container.record_name)
 
     def info(self) -> dict[str, Any]:
         """Format facts and totals (what ``ckptfs info`` prints)."""

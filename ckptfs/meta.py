@@ -6,7 +6,7 @@ every key of a 200k-tensor checkpoint costs little. ``to_dict()`` gives the JSON
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .index import LEAF, LINK, TENSOR, Index
 from .nodes import (
@@ -34,12 +34,14 @@ FIELDS = ("key", "kind", "path", "dtype", "shape", "stride", "storage_offset", "
 class Meta:
     """Metadata of one entry. Tensor fields are None for other kinds; see docs/api.md for each field."""
 
-    __slots__ = ("_index", "_row", "_byteorder")
+    __slots__ = ("_index", "_row", "_byteorder", "_record_name")
 
-    def __init__(self, index: Index, row: int, byteorder: str) -> None:
+    def __init__(self, index: Index, row: int, byteorder: str,
+                 record_name: Callable[[str], str] = lambda key: f"data/{key}") -> None:
         self._index = index
         self._row = row
         self._byteorder = byteorder
+        self._record_name = record_name  # storage key -> the container's name for its record
 
     # --- every kind ---
     @property
@@ -126,10 +128,7 @@ class Meta:
     def record(self) -> str | None:
         """The container record holding the storage, e.g. "archive/data/0"."""
         ref = self._ref
-        if ref is None:
-            return None
-        label = getattr(ref.record, "label", None)
-        return label if label is not None else f"data/{ref.key}"
+        return None if ref is None else self._record_name(ref.key)
 
     @property
     def storage_key(self) -> str | None:

@@ -33,4 +33,10 @@ class Container(Protocol):
     def storage_record(self, key: str) -> Record:
         """The record holding storage ``key`` (raises FormatError / TensorError)."""
 
+    def storage_size(self, key: str) -> int:
+        """Size in bytes of storage ``key``'s record, refusing as storage_record does (cheap: no record object)."""
+
+    def record_name(self, key: str) -> str:
+        """How the container names storage ``key``'s record, for messages and sidecars."""
+
     def close(self) -> None: ...

@@ -81,6 +81,10 @@ class TorchZip:
                               record=root + name)
         return rec
 
+    def record_name(self, key: str) -> str:
+        """The full entry name of storage ``key`` (what `unzip -l` shows)."""
+        return f"{self.archive.root}data/{key}"
+
     def storage_size(self, key: str) -> int:
         """Size of storage ``key``'s record, with the same refusals as :meth:`storage_record`, without
         creating a record object (validation of 20k tensors stays cheap)."""

@@ -1,0 +1,474 @@
+"""The Python API against torch.load, byte for byte, on generated checkpoints of every kind."""
+
+from __future__ import annotations
+
+import pickle
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+
+import ckptfs
+from helpers import lookup, torch_bytes
+
+FLOAT8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
+ALL_DTYPES = ["float64", "float32", "float16", "bfloat16", *FLOAT8, "complex64", "complex128", "complex32",
+              "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"]
+
+
+def make(dtype_name: str, shape=(3, 5)) -> torch.Tensor:
+    """A tensor of the dtype with non-trivial content (generated in float, cast)."""
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(hash(dtype_name) % 1000)
+    base = torch.randn(shape, generator=g) * 10
+    if dt.is_complex:
+        return torch.complex(base, base.flip(-1)).to(dt)
+    if dt == torch.bool:
+        return base > 0
+    if not dt.is_floating_point:
+        return base.abs().to(torch.int64).to(dt) if dtype_name.startswith("uint") else base.to(torch.int64).to(dt)
+    if dtype_name == "float8_e8m0fnu":
+        return base.abs().clamp(min=0.01).to(dt)
+    return base.to(dt)
+
+
+def views() -> dict[str, torch.Tensor]:
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
+    return {
+        "contig": base,
+        "transposed": base.transpose(0, 2),
+        "sliced": base[1:3, 2:, 1:4],
+        "offset_row": base[2],
+        "stepped": base[::2, ::3, 1::2],
+        "expanded": torch.arange(5.0).reshape(5, 1).expand(5, 7),
+        "broadcast0": torch.tensor(3.0).expand(4, 4),
+        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "channels_last_3d": torch.randn(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 7),
+        "empty_view": base[:, 6:, :],
+        "size1_dims": torch.randn(1, 5, 1).transpose(0, 2),
+        "narrow_col": base[:, :, 3],
+        "diag_like": torch.randn(6, 6).as_strided((6,), (7,)),
+        "unsqueeze_t": torch.randn(3, 4).t().unsqueeze(1),
+    }
+
+
+def check_all(path, ref, ckpt: ckptfs.Checkpoint) -> int:
+    """Every tensor of the checkpoint equals torch's, through read, numpy, tensor and slice."""
+    n = 0
+    for key in ckpt.tensor_keys():
+        m = ckpt.meta(key)
+        expected = lookup(ref, m.path)
+        assert m.dtype == str(expected.dtype).removeprefix("torch."), key
+        assert tuple(m.shape) == tuple(expected.shape), key
+        assert m.nbytes == expected.numel() * expected.element_size(), key
+        want = torch_bytes(expected)
+        assert ckpt.read(key) == want, key
+        # ranges of the logical content
+        if len(want) > 3:
+            assert ckpt.read(key, 1, len(want) - 2) == want[1:-1], key
+            assert ckpt.read(key, len(want) - 1, 100) == want[-1:], key
+        got = ckpt.tensor(key)
+        assert got.dtype == expected.dtype and got.shape == expected.shape, key
+        assert torch_bytes(got) == want, key
+        assert got.requires_grad == expected.requires_grad, key
+        assert isinstance(got, torch.nn.Parameter) == isinstance(expected, torch.nn.Parameter), key
+        if m.numpy_dtype is not None:
+            arr = ckpt.numpy(key)
+            assert arr.shape == tuple(expected.shape), key
+            assert not arr.flags.writeable, key
+            assert arr.tobytes() == want, key
+        if expected.dim() >= 1 and expected.shape[0] >= 2:
+            part = ckpt.slice(key, framework="pt")[1:]
+            assert torch_bytes(part) == torch_bytes(expected[1:]), key
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("dtype_name", ALL_DTYPES)
+def test_every_dtype(tmp_path, dtype_name):
+    sd = {"w": make(dtype_name), "v": make(dtype_name, (7,)), "t": make(dtype_name, (4, 6)).t()}
+    p = tmp_path / "d.pth"
+    torch.save(sd, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        assert check_all(p, ref, ckpt) == 3
+        assert ckpt.meta("w").byteorder == "little"
+
+
+def test_numpy_dtypes_and_ml_dtypes(tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    sd = {"bf": make("bfloat16"), "f8": make("float8_e4m3fn"), "f4": make("float32")}
+    p = tmp_path / "n.pth"
+    torch.save(sd, p)
+    with ckptfs.open(p) as ckpt:
+        assert ckpt.meta("f4").numpy_dtype == "<f4"
+        assert ckpt.meta("bf").numpy_dtype == "bfloat16"
+        bf = ckpt.numpy("bf")
+        assert bf.dtype == np.dtype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(bf.astype(np.float32), sd["bf"].float().numpy())
+        f8 = ckpt.numpy("f8")
+        np.testing.assert_array_equal(f8.astype(np.float32), sd["f8"].float().numpy())
+    with ckptfs.open(tmp_path / "n.pth") as ckpt:
+        c32 = ckpt.meta("f4")
+        assert c32.numpy_dtype_reason is None
+
+
+def test_complex32_has_no_numpy_dtype(tmp_path):
+    p = tmp_path / "c.pth"
+    torch.save({"c": make("complex32")}, p)
+    with ckptfs.open(p) as ckpt:
+        m = ckpt.meta("c")
+        assert m.numpy_dtype is None and "float16" in m.numpy_dtype_reason
+        with pytest.raises(ckptfs.UnsupportedError, match="complex32"):
+            ckpt.numpy("c")
+        assert ckpt.read("c") == torch_bytes(torch.load(p)["c"])
+
+
+def test_views_of_every_kind(tmp_path):
+    sd = views()
+    p = tmp_path / "v.pth"
+    torch.save(sd, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        assert check_all(p, ref, ckpt) == len(sd)
+        assert ckpt.meta("contig").contiguous is True
+        assert ckpt.meta("transposed").contiguous is False
+        assert ckpt.meta("expanded").stride == (1, 0)
+        assert ckpt.meta("sliced").storage_offset == ref["sliced"].storage_offset()
+
+
+def test_numpy_is_zero_copy_for_contiguous(tmp_path):
+    p = tmp_path / "z.pth"
+    torch.save({"w": torch.randn(64, 64), "t": torch.randn(8, 9).t()}, p)
+    with ckptfs.open(p) as ckpt:
+        w = ckpt.numpy("w")
+        assert not w.flags.owndata and w.base is not None  # a view of the file map
+        t = ckpt.numpy("t")
+        assert t.flags.c_contiguous
+
+
+def test_tied_weights_share_a_storage(tmp_path):
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    sd = {**{f"emb.{k}": v for k, v in emb.state_dict().items()}, **{f"head.{k}": v for k, v in head.state_dict().items()},
+          "half": emb.weight.data[5:], "T": emb.weight.data.t()}
+    p = tmp_path / "tied.pth"
+    torch.save(sd, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        assert check_all(p, ref, ckpt) == 4
+        assert ckpt.meta("emb.weight").record == ckpt.meta("head.weight").record == ckpt.meta("T").record
+        assert ckpt.info()["storages"] == 1
+
+
+def test_nested_training_checkpoint(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    ckpt_obj = {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 7, "loss": 0.25,
+                "name": "run-1", "tags": ["a", "b", None], "nothing": None, "flag": True, "blob": b"\x00\x01",
+                "lists": [[1, 2], (3, 4.5)], "cplx": 1 + 2j}
+    p = tmp_path / "train.pth"
+    torch.save(ckpt_obj, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        check_all(p, ref, ckpt)
+        keys = ckpt.keys()
+        assert "model.0.weight" in keys and "optimizer.state.0.exp_avg" in keys
+        assert "optimizer.param_groups.0.lr" in keys
+        assert ckpt.value("epoch") == 7 and ckpt.value("loss") == 0.25 and ckpt.value("name") == "run-1"
+        assert ckpt.value("tags.2") is None and ckpt.value("flag") is True and ckpt.value("blob") == b"\x00\x01"
+        assert ckpt.value("lists.1.1") == 4.5 and ckpt.value("cplx") == 1 + 2j
+        assert ckpt.meta("optimizer.state.0.exp_avg").path == ("optimizer", "state", 0, "exp_avg")
+        assert ckpt.meta(("optimizer", "state", 0, "step")).kind == "tensor"
+        assert ckpt.meta("lists").kind == "list" and ckpt.meta("lists.1").kind == "tuple"
+
+
+def test_module_state_dict_metadata_and_lazy_load(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4, 2))
+    p = tmp_path / "m.pth"
+    torch.save(model.state_dict(), p)
+    ref = torch.load(p, weights_only=True)
+    sd = ckptfs.load(p)
+    assert list(sd) == list(ref) and len(sd) == len(ref)
+    assert sd._metadata == ref._metadata
+    assert "1.running_mean" in sd and "nope" not in sd and sd.get("nope") is None
+    for k in ref:
+        assert torch.equal(sd[k], ref[k]), k
+        meta = sd.get_meta(k)
+        assert meta.shape == ref[k].shape and meta.size() == ref[k].size() and meta.dtype == ref[k].dtype
+    fresh = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4, 2))
+    fresh.load_state_dict(ckptfs.load(p))
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, ref[k])
+    assert dict(sd.items()).keys() == ref.keys()
+    assert [v.shape for v in sd.values()] == [v.shape for v in ref.values()]
+
+
+def test_lazy_load_dtype_cast_and_overrides(tmp_path):
+    p = tmp_path / "c.pth"
+    torch.save({"a": torch.randn(3), "extra": {"x": 1}}, p)
+    sd = ckptfs.load(p, dtype=torch.float16)
+    assert sd["a"].dtype == torch.float16
+    assert sd.get_meta("extra") is None
+    assert isinstance(sd["extra"], ckptfs.torch_compat.LazyStateDict) and sd["extra"]["x"] == 1
+    sd["a"] = torch.zeros(2)
+    assert sd["a"].shape == (2,)
+    del sd["extra"]
+    assert "extra" not in sd and len(sd) == 1
+
+
+def test_extra_state_is_plain_data(tmp_path):
+    class WithExtra(torch.nn.Linear):
+        def get_extra_state(self):
+            return {"a": 2**63, "b": "text", "c": [1, 2, 3]}
+
+        def set_extra_state(self, state):
+            self.extra = state
+
+    net = torch.nn.ModuleList([WithExtra(3, 2)])
+    p = tmp_path / "e.pth"
+    torch.save(net.state_dict(), p)
+    sd = ckptfs.load(p)
+    assert sd["0._extra_state"] == {"a": 2**63, "b": "text", "c": [1, 2, 3]}
+    assert sd.get_meta("0._extra_state") is None
+    fresh = torch.nn.ModuleList([WithExtra(3, 2)])
+    fresh.load_state_dict(sd)
+    assert fresh[0].extra["b"] == "text"
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_pickle_protocols(tmp_path, protocol):
+    sd = {"a": torch.randn(4, 3), "b": {"c": torch.arange(5)[1:], "d": [1.5, "x"]}, "e": b"bytes"}
+    p = tmp_path / f"p{protocol}.pth"
+    torch.save(sd, p, pickle_protocol=protocol)
+    ref = torch.load(p, weights_only=False)  # weights_only cannot read protocol-3+ bytes opcodes
+    with ckptfs.open(p) as ckpt:
+        assert check_all(p, ref, ckpt) == 2
+        assert ckpt.value("e") == b"bytes" and ckpt.value("b.d.1") == "x"
+
+
+def test_storage_alignment_4096_and_crc_less(tmp_path):
+    from torch.utils.serialization import config
+
+    sd = {"a": torch.randn(100), "b": torch.randn(7, 3)}
+    p = tmp_path / "a.pth"
+    old = config.save.storage_alignment
+    config.save.storage_alignment = 4096
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(sd, p)
+    finally:
+        config.save.storage_alignment = old
+        torch.serialization.set_crc32_options(True)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        assert check_all(p, ref, ckpt) == 2
+        assert ckpt.info()["container"][".storage_alignment"] == "4096"
+        rec = ckpt.container.storage_record("0")
+        assert rec.data_offset % 4096 == 0 and rec.crc == 0
+
+
+def test_any_root_folder_name_and_file_object_saves(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, buf)  # root "archive/"
+    p = tmp_path / "my.model.v1.pt"
+    p.write_bytes(buf.getvalue())
+    with ckptfs.open(p) as ckpt:
+        assert ckpt.info()["container"]["root"] == "archive"
+        assert ckpt.meta("w").record == "archive/data/0"
+        assert ckpt.read("w") == torch_bytes(torch.ones(3))
+    q = tmp_path / "my.model.v1.pt2"
+    torch.save({"w": torch.ones(2)}, q)
+    with ckptfs.open(q) as ckpt:
+        assert ckpt.meta("w").record.startswith("my.model.v1/")
+
+
+def test_deflated_records_are_inflated(tmp_path):
+    import zipfile
+
+    p = tmp_path / "plain.pth"
+    big = torch.randn(300_000)
+    torch.save({"big": big, "t": torch.randn(50, 40).t()}, p)
+    q = tmp_path / "rezipped.pth"
+    with zipfile.ZipFile(p) as zin, zipfile.ZipFile(q, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(q) as ckpt:
+        assert ckpt.info()["container"]["compressed_records"] > 0
+        assert check_all(q, ref, ckpt) == 2
+        want = torch_bytes(big)
+        for off in (0, 5 << 20, len(want) - 10, 123457):  # random access across inflate blocks
+            assert ckpt.read("big", off, 4096) == want[off : off + 4096]
+
+
+def test_top_level_tensor_and_list(tmp_path):
+    p = tmp_path / "t.pth"
+    torch.save(torch.arange(6).reshape(2, 3), p)
+    with ckptfs.open(p) as ckpt:
+        assert ckpt.keys() == [""]
+        assert ckpt.read("") == torch_bytes(torch.arange(6).reshape(2, 3))
+    q = tmp_path / "l.pth"
+    torch.save([torch.ones(2), {"x": torch.zeros(1)}], q)
+    with ckptfs.open(q) as ckpt:
+        assert ckpt.keys() == ["0", "1.x"]
+    assert [t.tolist() for t in [ckptfs.load(q)[0]]] == [[1.0, 1.0]]
+
+
+def test_slice_reads_only_needed_rows(tmp_path):
+    w = torch.randn(1000, 64)
+    p = tmp_path / "s.pth"
+    torch.save({"w": w, "wt": w.t()}, p)
+    with ckptfs.open(p) as ckpt:
+        s = ckpt.slice("w")
+        assert s.get_shape() == [1000, 64] and s.get_dtype() == "float32"
+        np.testing.assert_array_equal(s[100:200], w[100:200].numpy())
+        np.testing.assert_array_equal(s[5], w[5].numpy())
+        np.testing.assert_array_equal(s[..., 3], w[:, 3].numpy())
+        np.testing.assert_array_equal(s[10:20, 8:16:2], w[10:20, 8:16:2].numpy())
+        np.testing.assert_array_equal(s[-3:], w[-3:].numpy())
+        np.testing.assert_array_equal(ckpt.slice("wt")[3:9, 100:110], w.t()[3:9, 100:110].numpy())
+        assert torch.equal(ckpt.get_slice("w")[7:9], w[7:9])
+        # the contiguous row range is one range of the record: a view of exactly those bytes
+        view = s.view((slice(100, 200),))
+        assert view.storage_offset == 100 * 64 and view.shape == (100, 64)
+        with pytest.raises(IndexError):
+            s[1000]
+        with pytest.raises(ValueError):
+            s[::-1]
+
+
+def test_keys_meta_and_errors(tmp_path):
+    p = tmp_path / "k.pth"
+    torch.save(OrderedDict([("a.b", torch.ones(1)), ("c", 3)]), p)
+    with ckptfs.open(p) as ckpt:
+        assert list(ckpt) == ["a.b", "c"] and len(ckpt) == 2 and "a.b" in ckpt and "zz" not in ckpt
+        with pytest.raises(KeyError):
+            ckpt.meta("zz")
+        with pytest.raises(ckptfs.TensorError, match="not a tensor"):
+            ckpt.read("c")
+        d = ckpt.meta("a.b").to_dict()
+        for field in ("key", "dtype", "shape", "numpy_dtype", "nbytes", "stride", "storage_offset", "byteorder",
+                      "record", "requires_grad"):
+            assert field in d
+        assert d["record"].endswith("data/0")
+
+
+def test_requires_grad_and_parameters(tmp_path):
+    p = tmp_path / "g.pth"
+    lin = torch.nn.Linear(3, 2)
+    torch.save({"param": lin.weight, "rg": torch.randn(2, requires_grad=True), "plain": torch.randn(2),
+                "frozen": torch.nn.Parameter(torch.randn(2), requires_grad=False)}, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        check_all(p, ref, ckpt)
+        assert ckpt.meta("param").is_parameter and ckpt.meta("param").requires_grad
+        assert ckpt.meta("rg").requires_grad and not ckpt.meta("rg").is_parameter
+        assert ckpt.meta("frozen").is_parameter and not ckpt.meta("frozen").requires_grad
+
+
+def test_map_location_variants(tmp_path):
+    p = tmp_path / "ml.pth"
+    torch.save({"w": torch.ones(2)}, p)
+    with ckptfs.open(p) as ckpt:
+        for ml in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, lambda storage, loc: storage, None):
+            t = ckpt.tensor("w", map_location=ml)
+            assert t.device.type == "cpu" and torch.equal(t, torch.ones(2))
+
+
+def test_saved_storage_and_numpy_values(tmp_path):
+    p = tmp_path / "st.pth"
+    t = torch.arange(10, dtype=torch.int32)
+    torch.save({"storage": t.untyped_storage(), "arr": np.arange(6, dtype=">i4").reshape(2, 3),
+                "scalar": np.float32(1.5)}, p)
+    ref = torch.load(p, weights_only=False)
+    with ckptfs.open(p) as ckpt:
+        assert ckpt.read("storage") == bytes(ref["storage"])
+        m = ckpt.meta("arr")
+        assert m.numpy_dtype == ">i4" and m.byteorder == "big"
+        np.testing.assert_array_equal(ckpt.numpy("arr"), ref["arr"])
+        assert ckpt.value("scalar") == 1.5
+
+
+def test_import_and_ls_do_not_import_torch(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "x.pth"
+    torch.save({"w": torch.ones(3, 3)}, p)
+    code = (
+        "import sys, ckptfs\n"
+        f"c = ckptfs.open({str(p)!r}); c.keys(); c.meta('w').to_dict(); c.read('w'); c.numpy('w'); c.info()\n"
+        "from ckptfs.cli import main\n"
+        f"main(['ls', {str(p)!r}]); main(['info', {str(p)!r}])\n"
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') or 'fuse' in m]\n"
+        "print('IMPORTED', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "IMPORTED []" in out
+
+
+def test_indexing_hostile_pickle_fires_no_import_or_exec(tmp_path):
+    """An os.system gadget in data.pkl is indexed as an inert opaque object; the audit hook sees nothing."""
+    import subprocess
+    import sys
+    import zipfile
+
+    class Evil:
+        def __reduce__(self):
+            return (__import__("os").system, (f"touch {tmp_path}/pwned",))
+
+    p = tmp_path / "evil.pth"
+    torch.save({"w": torch.ones(2)}, p)
+    with zipfile.ZipFile(p) as z:
+        names = z.namelist()
+        data = {n: z.read(n) for n in names}
+    root = names[0].split("/")[0]
+    obj = pickle.loads(data[f"{root}/data.pkl"], encoding="utf-8") if False else None  # noqa: F841
+    evil_pkl = pickle.dumps({"evil": Evil(), "ok": 1}, protocol=2)
+    q = tmp_path / "evil2.pth"
+    with zipfile.ZipFile(q, "w") as z:
+        for n in names:
+            z.writestr(n, evil_pkl if n.endswith("data.pkl") else data[n])
+    code = (
+        "import sys\n"
+        "import ckptfs\n"
+        "events = []\n"
+        "def hook(ev, args):\n"
+        "    if ev in ('import', 'exec', 'compile', 'os.system', 'subprocess.Popen', 'os.exec', 'os.posix_spawn',\n"
+        "              'builtins.input', 'ctypes.dlopen') or ev.startswith('os.') and 'spawn' in ev:\n"
+        "        events.append((ev, str(args)[:80]))\n"
+        "sys.addaudithook(hook)\n"
+        f"c = ckptfs.open({str(q)!r})\n"
+        "m = c.meta('evil')\n"
+        "print('KIND', m.kind, m.type)\n"
+        "print('EVENTS', events)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "EVENTS []" in out
+    assert "KIND opaque posix.system" in out or "KIND opaque os.system" in out
+    assert not (tmp_path / "pwned").exists()
+    with ckptfs.open(q) as ckpt, pytest.raises(ckptfs.UnsafePickleError, match="strict"):
+        ckptfs.open(q, strict=True)
+    assert ckpt.value("ok") == 1
+
+
+def test_errors_name_file_and_record(tmp_path):
+    p = tmp_path / "bad.pth"
+    p.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ckptfs.FormatError) as ei:
+        ckptfs.open(p)
+    msg = str(ei.value)
+    assert str(p) in msg and "\n" not in msg
+    with pytest.raises(ckptfs.CkptfsError, match="No such file"):
+        ckptfs.open(tmp_path / "missing.pth")
