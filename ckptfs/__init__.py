@@ -47,15 +47,17 @@ def open(path: "str | os.PathLike[str] | ByteSource", *, strict: bool = False,  
 
 
 def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
-         debug: bool = False, *, strict: bool = False) -> Any:
-    """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are read on access.
+         debug: bool = False, *, strict: bool = False, mmap: bool = True) -> Any:
+    """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are made on access.
 
+    With ``mmap=True`` (default) tensors stored uncompressed are copy-on-write views of the file, so
+    ``model.load_state_dict(ckptfs.load(p))`` copies from the page cache with no second copy in memory.
     Imports torch. Non-dict checkpoints are returned materialised.
     """
     from .torch_compat import load as _load
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
-                 strict=strict)
+                 strict=strict, mmap=mmap)
 
 
 def memmap(path: "str | os.PathLike[str]", mode: str = "r") -> Any:

@@ -199,25 +199,39 @@ class Checkpoint:
             dt = numpy_dtype(t.dtype, order)
         except CkptfsError as e:
             raise e.at(file=self.name, record=key if isinstance(key, str) else None) from None
-        if r.contiguous and r.inline is None and r.size:
-            span = r.record.file_span()  # type: ignore[union-attr]
-            mm = getattr(self.source, "mmap", None)
-            if span is not None and mm is not None:
-                self.source.check_unchanged()
-                arr = np.frombuffer(mm(), dtype=dt, count=numel(t.shape), offset=span[0] + r.base)
-                return arr.reshape(t.shape)
+        offset = self.file_offset(r)
+        if offset is not None:
+            arr = np.frombuffer(self.source.mmap(), dtype=dt, count=numel(t.shape), offset=offset)  # type: ignore[attr-defined]
+            arr.flags.writeable = False
+            return arr.reshape(t.shape)
         data = r.read()
         arr = np.frombuffer(data, dtype=dt)
         if r.inline is not None and not r.contiguous:
             return arr.reshape(t.shape[::-1]).T  # Fortran-ordered inline array: logical order is C
         return arr.reshape(t.shape)
 
-    def tensor(self, key: "str | tuple", map_location: Any = "cpu") -> Any:
-        """The tensor as torch.load would return it (dtype, shape, strides as contiguous, requires_grad,
-        Parameter-ness). Imports torch."""
+    def file_offset(self, r: TensorReader) -> int | None:
+        """Where a tensor's bytes start in the local file when they are one stored range (zero-copy
+        views are possible), else None."""
+        if not (r.contiguous and r.inline is None and r.size) or not hasattr(self.source, "mmap"):
+            return None
+        span = r.record.file_span()  # type: ignore[union-attr]
+        if span is None:
+            return None
+        self.source.check_unchanged()
+        return span[0] + r.base
+
+    def tensor(self, key: "str | tuple", map_location: Any = "cpu", *, mmap: bool = True) -> Any:
+        """The tensor as torch.load returns it (dtype, shape, requires_grad, Parameter-ness; laid out
+        contiguously). Imports torch.
+
+        With ``mmap=True`` (default) a tensor stored as one uncompressed range in the file's byte order
+        is a copy-on-write view of the file (like ``torch.load(mmap=True)``): no read, no copy until its
+        pages are touched; writes stay private. Otherwise (or ``mmap=False``) its bytes are read.
+        """
         from .torch_compat import build_tensor
 
-        return build_tensor(self, key, map_location)
+        return build_tensor(self, key, map_location, mmap=mmap)
 
     def slice(self, key: "str | tuple", framework: str = "numpy") -> "TensorSlice":
         """``ckpt.slice(key)[a:b, ...]``: read only the bytes a slice needs."""

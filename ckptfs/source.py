@@ -104,11 +104,12 @@ class LocalFile:
         return got
 
     def mmap(self) -> mmap.mmap:
-        """A read-only map of the whole file (shared, created once); used for strided gathers."""
+        """A private (copy-on-write) map of the whole file, created once: zero-copy numpy arrays and torch
+        tensors view it, strided gathers read through it. Writes to it never reach the file."""
         if self._map is None:
             with self._map_lock:
                 if self._map is None:
-                    self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ) if self.size else mmap.mmap(-1, 1)
+                    self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY) if self.size else mmap.mmap(-1, 1)
         return self._map
 
     # -- staleness -----------------------------------------------------------------------------
@@ -134,12 +135,10 @@ class LocalFile:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self._map is not None:
-                try:
-                    self._map.close()
-                except BufferError:  # a numpy view still uses it; the GC will unmap it
-                    pass
-                self._map = None
+            # The map is never closed explicitly: numpy arrays and torch tensors made from it may outlive
+            # the checkpoint (torch.frombuffer keeps only a reference, so close() would unmap memory a
+            # tensor still uses). It is unmapped when the last of them goes away.
+            self._map = None
             os.close(self.fd)
 
     def __enter__(self) -> "LocalFile":

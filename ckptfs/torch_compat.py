@@ -76,22 +76,38 @@ def _byteswap(out: torch.Tensor, itemsize: int, is_complex: bool) -> None:
     arr[...] = arr[:, ::-1].copy()
 
 
-def build_tensor(ckpt: "Checkpoint", key: Any, map_location: Any = "cpu", dtype: torch.dtype | None = None) -> torch.Tensor:
-    return build_tensor_from_reader(ckpt, ckpt.reader(key), map_location, dtype)
+def build_tensor(ckpt: "Checkpoint", key: Any, map_location: Any = "cpu", dtype: torch.dtype | None = None,
+                 mmap: bool = True) -> torch.Tensor:
+    return build_tensor_from_reader(ckpt, ckpt.reader(key), map_location, dtype, mmap)
+
+
+def _mapped(ckpt: "Checkpoint", r: Any, tdt: torch.dtype) -> torch.Tensor | None:
+    """A copy-on-write view of the file for a tensor stored as one range in native byte order."""
+    offset = ckpt.file_offset(r)
+    if offset is None:
+        return None
+    try:
+        flat = torch.frombuffer(ckpt.source.mmap(), dtype=tdt, count=r.size // r.t.dtype.itemsize, offset=offset)
+    except (ValueError, TypeError, RuntimeError):  # a dtype frombuffer does not take
+        return None
+    return flat.reshape(r.t.shape)
 
 
 def build_tensor_from_reader(ckpt: "Checkpoint", r: Any, map_location: Any = "cpu",
-                             dtype: torch.dtype | None = None) -> torch.Tensor:
+                             dtype: torch.dtype | None = None, mmap: bool = False) -> torch.Tensor:
     t: TensorNode = r.t
     tdt = torch_dtype(t.dtype.name)
     if t.kind not in ("dense", "numpy"):
         raise CkptfsError(f"{t.kind} tensors cannot be built as torch tensors yet", file=ckpt.name,
                           record=r.key)
-    out = torch.empty(t.shape, dtype=tdt)
-    _read_into_tensor(r, out)
     order = (t.extra or {}).get("byteorder", ckpt.byteorder)
-    if order != sys.byteorder:
-        _byteswap(out, t.dtype.itemsize, t.dtype.name.startswith("complex"))
+    native = order == sys.byteorder or t.dtype.itemsize == 1
+    out = _mapped(ckpt, r, tdt) if mmap and native else None
+    if out is None:
+        out = torch.empty(t.shape, dtype=tdt)
+        _read_into_tensor(r, out)
+        if not native:
+            _byteswap(out, t.dtype.itemsize, t.dtype.name.startswith("complex"))
     if t.metadata:
         torch._utils.set_tensor_metadata(out, dict(t.metadata))  # conj / neg bits, as torch.load sets them
     location = t.storage.location if t.storage is not None else "cpu"
@@ -162,8 +178,10 @@ class LazyStateDict(Mapping):
     """
 
     def __init__(self, ckpt: "Checkpoint", entry_idx: int = 0, *, map_location: Any = "cpu",
-                 dtype: torch.dtype | None = None, cache_tensors: bool = False, debug: bool = False) -> None:
+                 dtype: torch.dtype | None = None, cache_tensors: bool = False, debug: bool = False,
+                 mmap: bool = True) -> None:
         self._ckpt = ckpt
+        self.mmap = mmap
         self._idx = entry_idx
         self.map_location = map_location
         self.dtype = dtype
@@ -253,8 +271,8 @@ class LazyStateDict(Mapping):
         i = ckpt.index.resolve(idx)
         if ckpt.index.kinds[i] == DICT:
             return LazyStateDict(ckpt, i, map_location=self.map_location, dtype=self.dtype,
-                                 cache_tensors=self.cache_tensors, debug=self.debug)
-        return entry_value(ckpt, i, self.map_location, self.dtype)
+                                 cache_tensors=self.cache_tensors, debug=self.debug, mmap=self.mmap)
+        return entry_value(ckpt, i, self.map_location, self.dtype, self.mmap)
 
 
 def _meta_of_tensor(v: torch.Tensor) -> TensorMeta:
@@ -262,23 +280,24 @@ def _meta_of_tensor(v: torch.Tensor) -> TensorMeta:
                       v.requires_grad, isinstance(v, torch.nn.Parameter), str(v.device), None)
 
 
-def entry_value(ckpt: "Checkpoint", row: int, map_location: Any, dtype: torch.dtype | None) -> Any:
+def entry_value(ckpt: "Checkpoint", row: int, map_location: Any, dtype: torch.dtype | None,
+                mmap: bool = True) -> Any:
     """Materialise an index row as plain Python / torch objects (containers recursively)."""
     index = ckpt.index
     i = index.resolve(row)
     kind = index.kinds[i]
     if kind == TENSOR:
-        return build_tensor(ckpt, index.keys[i], map_location, dtype)
+        return build_tensor(ckpt, index.keys[i], map_location, dtype, mmap)
     if kind == LEAF:
         return to_plain(ckpt, index.nodes[i], map_location, dtype)
     children = index.children(i)
     if kind == DICT:
         out: Any = OrderedDict() if isinstance(index.nodes[i], PickledOrderedDict) else {}
         for c in children:
-            out[index.names[c]] = entry_value(ckpt, c, map_location, dtype)
+            out[index.names[c]] = entry_value(ckpt, c, map_location, dtype, mmap)
         return out
     if kind in (LIST, TUPLE, SET):
-        vals = [entry_value(ckpt, c, map_location, dtype) for c in children]
+        vals = [entry_value(ckpt, c, map_location, dtype, mmap) for c in children]
         return tuple(vals) if kind == TUPLE else (set(vals) if kind == SET else vals)
     if kind == OPAQUE:
         return to_plain(ckpt, index.nodes[i], map_location, dtype)
@@ -318,14 +337,14 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
 
 
 def load(path: Any, map_location: Any = "cpu", dtype: torch.dtype | None = None, cache_tensors: bool = False,
-         debug: bool = False, *, strict: bool = False) -> Any:
+         debug: bool = False, *, strict: bool = False, mmap: bool = True) -> Any:
     from .checkpoint import Checkpoint
 
     ckpt = Checkpoint(path, strict=strict)
     if ckpt.index.kinds[0] == DICT:
         return LazyStateDict(ckpt, 0, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors,
-                             debug=debug)
+                             debug=debug, mmap=mmap)
     try:
-        return entry_value(ckpt, 0, map_location, dtype)
+        return entry_value(ckpt, 0, map_location, dtype, mmap)
     finally:
         ckpt.close()

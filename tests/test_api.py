@@ -472,3 +472,30 @@ def test_errors_name_file_and_record(tmp_path):
     assert str(p) in msg and "\n" not in msg
     with pytest.raises(ckptfs.CkptfsError, match="No such file"):
         ckptfs.open(tmp_path / "missing.pth")
+
+
+def test_mapped_tensors_outlive_the_checkpoint_and_never_write_the_file(tmp_path):
+    p = tmp_path / "cow.pth"
+    w = torch.randn(256, 256)
+    torch.save({"w": w, "t": w.t()}, p)
+    before = p.read_bytes()
+    ckpt = ckptfs.open(p)
+    mapped = ckpt.tensor("w")  # a copy-on-write view of the file
+    copied = ckpt.tensor("w", mmap=False)
+    arr = ckpt.numpy("w")
+    ckpt.close()
+    assert torch.equal(mapped, w) and torch.equal(copied, w) and np.array_equal(arr, w.numpy())
+    mapped.add_(1.0)  # private pages: the file is untouched
+    assert torch.equal(mapped, w + 1.0)
+    assert p.read_bytes() == before
+    sd = ckptfs.load(p)
+    assert torch.equal(sd["w"], w) and torch.equal(sd["t"], w.t())
+    sd_copy = ckptfs.load(p, mmap=False)
+    assert torch.equal(sd_copy["w"], w)
+    model = torch.nn.Linear(256, 256, bias=False)
+    model.load_state_dict({"weight": ckptfs.load(p)["w"]})
+    assert torch.equal(model.weight, w)
+    with torch.device("meta"):
+        meta_model = torch.nn.Linear(256, 256, bias=False)
+    meta_model.load_state_dict({"weight": ckptfs.load(p)["w"]}, assign=True)
+    assert torch.equal(meta_model.weight, w)
