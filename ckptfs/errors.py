@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+
+
+def oneline(s: str) -> str:
+    """Names from a hostile file, printable on one line: control characters and lone surrogates escaped."""
+    if s.isprintable():
+        return s
+    s = s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return s.translate(_CONTROL)
+
+
 class CkptfsError(Exception):
     """A checkpoint (or a part of it) that ckptfs cannot or will not serve.
 
@@ -10,13 +21,13 @@ class CkptfsError(Exception):
     """
 
     def __init__(self, message: str, *, file: str | None = None, record: str | None = None) -> None:
-        self.reason = " ".join(str(message).split())  # always one line
+        self.reason = oneline(" ".join(str(message).split()))
         self.file = file
         self.record = record
         super().__init__(self._render())
 
     def _render(self) -> str:
-        parts = [p for p in (self.file, self.record) if p]
+        parts = [oneline(str(p)) for p in (self.file, self.record) if p]
         parts.append(self.reason)
         return ": ".join(parts)
 

@@ -1,0 +1,162 @@
+"""The zip container reader: property tests against Python's zipfile, and refusals of ambiguous archives."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptfs.container.zip import ZipArchive
+from ckptfs.errors import FormatError
+from ckptfs.source import BytesSource
+
+name_part = st.text(alphabet=st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+                    min_size=1, max_size=12)
+member = st.tuples(st.lists(name_part, min_size=1, max_size=3).map("/".join), st.binary(max_size=3000),
+                   st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]))
+
+
+def build(members, root="arch", comment=b"", force_zip64=False) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.comment = comment
+        for name, data, method in members:
+            info = zipfile.ZipInfo(f"{root}/{name}")
+            info.compress_type = method
+            with z.open(info, "w", force_zip64=force_zip64) as f:
+                f.write(data)
+    return buf.getvalue()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(member, min_size=1, max_size=12, unique_by=lambda m: m[0]), st.binary(max_size=40),
+       st.booleans())
+def test_reads_what_zipfile_reads(members, comment, force_zip64):
+    data = build(members, comment=comment, force_zip64=force_zip64)
+    arch = ZipArchive(BytesSource(data, "t.zip"))
+    assert arch.root == "arch/"
+    assert sorted(arch.names()) == sorted(m[0] for m in members)
+    for name, payload, method in members:
+        rec = arch.get(name)
+        assert rec is not None and rec.size == len(payload) and rec.method == method
+        assert rec.pread(0, rec.size) == payload
+        if payload:
+            mid = len(payload) // 2
+            assert rec.pread(mid, 7) == payload[mid : mid + 7]
+        assert (rec.file_span() is not None) == (method == zipfile.ZIP_STORED)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(min_size=0, max_size=400))
+def test_arbitrary_bytes_fail_cleanly(data):
+    try:
+        ZipArchive(BytesSource(data, "junk.zip"))
+    except FormatError as e:
+        assert "junk.zip" in str(e) and "\n" not in str(e)
+
+
+small_member = st.tuples(name_part, st.binary(max_size=200), st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(small_member, min_size=1, max_size=4, unique_by=lambda m: m[0]), st.data())
+def test_truncation_and_bit_flips_never_crash(members, data):
+    blob = bytearray(build(members))
+    how = data.draw(st.sampled_from(["truncate", "flip"]))
+    if how == "truncate":
+        blob = blob[: data.draw(st.integers(0, len(blob) - 1))]
+    else:
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        arch = ZipArchive(BytesSource(bytes(blob), "m.zip"))
+        for name in arch.names():
+            rec = arch.get(name)
+            rec.pread(0, rec.size)
+    except FormatError as e:
+        assert "\n" not in str(e)
+
+
+def _entries(data: bytes):
+    """(offset of each central-directory entry) for hand edits."""
+    pos = data.rfind(b"PK\x05\x06")
+    _, _, _, _, n, size, off, _ = struct.unpack_from("<4s4H2LH", data, pos)
+    out, p = [], off
+    for _ in range(n):
+        out.append(p)
+        nl, xl, cl = struct.unpack_from("<3H", data, p + 28)
+        p += 46 + nl + xl + cl
+    return out
+
+
+def test_refuses_duplicate_names():
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z, pytest.warns(UserWarning):
+        z.writestr("a/x", b"first")
+        z.writestr("a/x", b"second")
+    with pytest.raises(FormatError, match="duplicate"):
+        ZipArchive(BytesSource(buf.getvalue(), "dup.zip"))
+
+
+def test_refuses_entries_outside_root():
+    data = build([("x", b"1", 0)], root="a")
+    data = data.replace(b"a/x", b"b/x")  # both headers renamed; first entry sets the root
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("a/x", b"1")
+        z.writestr("b/y", b"2")
+    with pytest.raises(FormatError, match="outside the archive root"):
+        ZipArchive(BytesSource(buf.getvalue(), "root.zip"))
+
+
+def test_refuses_overlapping_records_and_disagreeing_headers():
+    data = bytearray(build([("x", b"A" * 100, 0), ("y", b"B" * 100, 0)]))
+    cd = _entries(bytes(data))
+    # point y's central entry at x's local header: two entries sharing bytes
+    struct.pack_into("<L", data, cd[1] + 42, struct.unpack_from("<L", data, cd[0] + 42)[0])
+    with pytest.raises(FormatError, match="overlaps"):
+        ZipArchive(BytesSource(bytes(data), "ov.zip"))
+    data = bytearray(build([("x", b"A" * 100, 0)]))
+    local_name = data.find(b"arch/x")
+    data[local_name + 5] = ord("z")  # local header names arch/z, the directory arch/x
+    arch = ZipArchive(BytesSource(bytes(data), "dis.zip"))
+    with pytest.raises(FormatError, match="disagree"):
+        arch.get("x").pread(0, 10)
+
+
+def test_refuses_fake_end_record_in_comment_and_trailing_junk():
+    real = build([("x", b"data", 0)])
+    eocd = real[real.rfind(b"PK\x05\x06"):]
+    fake = eocd[:-2] + b"\x00\x00"  # a plausible end record with no comment...
+    data = real[:-2] + struct.pack("<H", len(fake)) + fake  # ...hidden in the real one's comment
+    with pytest.raises(FormatError, match="ambiguous"):
+        ZipArchive(BytesSource(data, "fake.zip"))
+    with pytest.raises(FormatError, match="end-of-central-directory"):
+        ZipArchive(BytesSource(real + b"junk" * 10, "tail.zip"))
+    with pytest.raises(FormatError):
+        ZipArchive(BytesSource(b"junk" * 10 + real, "head.zip"))
+
+
+def test_deflate_bomb_stops_at_declared_size():
+    payload = b"\x00" * (10 << 20)
+    data = bytearray(build([("x", payload, zipfile.ZIP_DEFLATED)]))
+    cd = _entries(bytes(data))
+    struct.pack_into("<L", data, cd[0] + 24, 1000)  # the directory claims 1000 bytes
+    arch = ZipArchive(BytesSource(bytes(data), "bomb.zip"))
+    rec = arch.get("x")
+    assert rec.size == 1000
+    with pytest.raises(FormatError, match="CRC"):  # inflation stops at the declared size; the CRC tells the lie
+        rec.pread(0, 5000)
+
+
+def test_bad_crc_in_deflated_record_is_reported():
+    data = bytearray(build([("x", b"hello world" * 10, zipfile.ZIP_DEFLATED)]))
+    cd = _entries(bytes(data))
+    struct.pack_into("<L", data, cd[0] + 16, 12345)
+    arch = ZipArchive(BytesSource(bytes(data), "crc.zip"))
+    with pytest.raises(FormatError, match="CRC"):
+        arch.get("x").pread(0, 10)
