@@ -22,6 +22,7 @@ from .nodes import (
     StorageType,
     TorchDType,
     TorchGlobal,
+    built_call_class,
     call_class,
     opaque_class,
 )
@@ -65,6 +66,21 @@ TENSOR_CALLS = {  # (module, name) -> Call subclass; interpreted by ckptfs.conve
 }
 for _name in ("_rebuild_from_type_v2", "_rebuild_from_type"):
     TENSOR_CALLS[("torch._tensor", _name)] = call_class(f"torch._tensor.{_name}")
+# Old torch (< 0.4) pickled a tensor as its class, called with no arguments, then BUILD (storage, offset,
+# size, stride); Tensor.__setstate__ ran set_(). Recorded as BuiltCall, interpreted by ckptfs.convert.
+LEGACY_TENSOR_DTYPES = {  # class name -> dtype name
+    "DoubleTensor": "float64", "FloatTensor": "float32", "HalfTensor": "float16", "BFloat16Tensor": "bfloat16",
+    "LongTensor": "int64", "IntTensor": "int32", "ShortTensor": "int16", "CharTensor": "int8",
+    "ByteTensor": "uint8", "BoolTensor": "bool", "Tensor": "float32",  # torch.Tensor: the default dtype
+}
+LEGACY_TENSOR_CALLS = {}
+for _mod in ("torch", "torch.cuda"):
+    for _name in LEGACY_TENSOR_DTYPES:
+        if _mod == "torch.cuda" and _name == "Tensor":
+            continue
+        LEGACY_TENSOR_CALLS[(_mod, _name)] = built_call_class(f"{_mod}.{_name}")
+LEGACY_TENSOR_CALLS[("torch._tensor", "Tensor")] = built_call_class("torch._tensor.Tensor")
+TENSOR_CALLS.update(LEGACY_TENSOR_CALLS)
 for _name in ("Size", "device"):
     TENSOR_CALLS[("torch", _name)] = call_class(f"torch.{_name}")
 TENSOR_CALLS[("torch.serialization", "_get_layout")] = call_class("torch.serialization._get_layout")

@@ -11,10 +11,26 @@ from __future__ import annotations
 
 import re
 
+from .allowlist import LEGACY_TENSOR_CALLS, LEGACY_TENSOR_DTYPES
 from .dtypes import DTYPES, UINT8, DType
 from .errors import LimitError
 from .limits import DEFAULT_LIMITS, Limits
-from .nodes import Call, NumpyArray, NumpyDType, NumpyScalar, OpaqueObject, PersistentId, StorageRef, StorageType, TensorNode, TorchDevice, TorchDType, TorchGlobal
+from .nodes import (
+    BUILT,
+    Call,
+    NumpyArray,
+    NumpyDType,
+    NumpyScalar,
+    OpaqueObject,
+    PersistentId,
+    StorageRef,
+    StorageType,
+    StorageViewRef,
+    TensorNode,
+    TorchDevice,
+    TorchDType,
+    TorchGlobal,
+)
 
 U = "torch._utils."
 MAX_CALL_NESTING = 32
@@ -56,6 +72,8 @@ class Converter:
             "torch.serialization._get_layout": self._layout,
             "persistent_load": self._storage,
         }
+        for cls in LEGACY_TENSOR_CALLS.values():
+            self.handlers[cls.call] = self._legacy_tensor
 
     # --- entry point ------------------------------------------------------------------------------------
     def convert(self, call: Call) -> object:
@@ -82,8 +100,8 @@ class Converter:
     def _storage(self, args: tuple, _name: str = "") -> StorageRef:
         """``('storage', StorageType, key, location, numel)`` (zip) or the legacy 6-tuple with a view slot."""
         pid = args[0] if len(args) == 1 else args
-        if type(pid) is tuple and len(pid) == 5:  # the common case, checked cheaply
-            tag, stype, key, location, numel = pid
+        if type(pid) is tuple and (len(pid) == 5 or len(pid) == 6 and pid[5] is None):  # the common case
+            tag, stype, key, location, numel = pid[:5]
             if tag == "storage" and type(stype) is StorageType and type(key) is str and type(location) is str \
                     and type(numel) is int and numel >= 0:
                 ref = self.refs.get(key)
@@ -108,17 +126,44 @@ class Converter:
         ref = self.refs.get(key)
         if ref is None:
             ref = self.refs[key] = StorageRef(key, stype.dtype, numel, location, stype.name)
+        elif not (ref.dtype is stype.dtype and ref.numel == numel):
+            ref = None
+        if ref is not None:
             if len(pid) == 6 and pid[5] is not None:  # type: ignore[arg-type]
-                ref.error = "legacy storage view (pre-0.4 format) is not supported"
+                return self._storage_view(ref, pid[5], stype)  # type: ignore[index]
             return ref
-        if ref.dtype is stype.dtype and ref.numel == numel:
-            return ref
+        ref = self.refs[key]
         # torch.save refuses to write two dtypes viewing one storage; torch.load silently reinterprets
         # the first. Here the later references fail, each with the reason.
         other = StorageRef(key, stype.dtype, numel, location, stype.name)
         other.error = (f"storage {key!r} is referenced as {ref.typename}(numel={ref.numel}) and as "
                        f"{stype.name}(numel={numel})")
         return other
+
+    def _storage_view(self, root: StorageRef, view: object, stype: StorageType) -> StorageRef:
+        """Legacy view metadata ``(view_key, offset, size)`` (elements of the root's dtype): a storage that
+        is a slice of ``root`` (old torch's storage views). The container resolves its record."""
+        vkey = _ascii(view[0]) if type(view) is tuple and len(view) == 3 else None  # type: ignore[index]
+        if type(vkey) is int:
+            vkey = str(vkey)
+        offset, size = (view[1], view[2]) if vkey is not None else (None, None)  # type: ignore[index]
+        if type(vkey) is not str or type(offset) is not int or type(size) is not int or offset < 0 or size < 0:
+            bad = StorageRef("?", root.dtype, 0, root.location, root.typename)
+            bad.error = f"malformed legacy storage view {_show(view)}"
+            return bad
+        ref = self.refs.get(vkey)
+        if ref is not None:
+            if getattr(ref, "root", None) is root and ref.view_offset == offset and ref.numel == size:  # type: ignore[attr-defined]
+                return ref
+            bad = StorageRef(vkey, root.dtype, size, root.location, root.typename)
+            bad.error = f"storage view {vkey!r} is declared twice, differently"
+            return bad
+        ref = self.refs[vkey] = StorageViewRef(vkey, root.dtype, size, root.location, stype.name)
+        ref.root = root
+        ref.view_offset = offset
+        if root.error is not None:
+            ref.error = root.error
+        return ref
 
     # --- tensors -------------------------------------------------------------------------------------
     def _tensor(self, kind: str, storage: object, dtype: DType | None, offset: object, size: object,
@@ -128,7 +173,7 @@ class Converter:
         else:
             storage = self.value(storage)
         error = None
-        ref = storage if type(storage) is StorageRef else None
+        ref = storage if isinstance(storage, StorageRef) else None
         if ref is None:
             error = f"storage argument is {_show(storage)}, not a storage reference"
         elif dtype is None:
@@ -204,6 +249,31 @@ class Converter:
         if len(a) == 4:
             return self._tensor("dense", a[0], None, a[1], a[2], a[3], False)
         return self._bad_call(name, a)
+
+    def _legacy_tensor(self, a: tuple, name: str) -> TensorNode:
+        """``torch.FloatTensor()`` + BUILD state, as torch < 0.4 pickled tensors (Tensor.__setstate__):
+        4 items ``(storage, offset, size, stride)`` -> ``set_``; 5 items (a legacy Variable) -> its data
+        ``state[0]`` with ``requires_grad = state[3]``."""
+        if not (len(a) == 3 and a[0] is BUILT):
+            return self._bad_call(name, a, f"{name}({_show(a)}) without the state old torch pickled with it")
+        args, state = a[1], a[2]
+        if args != ():
+            return self._bad_call(name, a, f"{name} called with arguments {_show(args)}")
+        if type(state) is tuple and len(state) == 4:
+            storage, offset, size, stride = state
+            want = LEGACY_TENSOR_DTYPES.get(name.rsplit(".", 1)[-1])
+            t = self._tensor("dense", storage, None, offset, size, stride, False)
+            if want is not None and t.error is None and t.dtype is not DTYPES[want]:
+                t.error = f"{name} built on a {t.storage.typename}: set_() refuses a storage of another dtype"  # type: ignore[union-attr]
+            return t
+        if type(state) is tuple and len(state) == 5:
+            data = self.value(state[0])
+            if not isinstance(data, TensorNode):
+                return self._bad_call(name, a, f"legacy Variable state holds {_show(data)}, not a tensor")
+            t = data.copy()
+            t.requires_grad = state[3] is True
+            return t
+        return self._bad_call(name, a, f"{name} BUILT with {_show(state)}: no storage to read")
 
     def _parameter(self, a: tuple, name: str) -> object:
         # (data, requires_grad, backward_hooks[, state])

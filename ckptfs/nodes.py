@@ -53,6 +53,30 @@ def call_class(qualname: str) -> type:
     return type(qualname.rsplit(".", 1)[-1], (Call,), {"__slots__": (), "call": qualname, "__module__": __name__})
 
 
+#: First element of a :class:`BuiltCall`'s ``args`` once the pickle has BUILT it: ``(BUILT, args, state)``.
+BUILT = ("ckptfs-built",)
+
+
+class BuiltCall(Call):
+    """A recorded constructor call that the pickle may then BUILD once, as old torch pickled tensors:
+    ``torch.FloatTensor()`` + BUILD ``(storage, offset, size, stride)`` (Tensor.__setstate__ then runs
+    ``set_``). BUILD only rewrites ``args`` to ``(BUILT, args, state)``: no attribute is ever set."""
+
+    __slots__ = ()
+    qualname: ClassVar[str] = "?"
+
+    def __setstate__(self, state: object) -> None:
+        a = self.args
+        if a and a[0] is BUILT:
+            raise UnsafePickleError(f"BUILD applied twice to {self.call}")
+        self.args = (BUILT, a, state)
+
+
+def built_call_class(qualname: str) -> type:
+    return type(qualname.rsplit(".", 1)[-1], (BuiltCall,),
+                {"__slots__": (), "call": qualname, "qualname": qualname, "__module__": __name__})
+
+
 class PersistentId(Call):
     """What ``persistent_load`` returns: ``args[0]`` is the persistent id as pickled."""
 
@@ -87,12 +111,23 @@ class StorageRef(Inert):
         return f"StorageRef({self.key!r}, {self.typename}, numel={self.numel}, {self.location!r})"
 
 
+class StorageViewRef(StorageRef):
+    """A legacy storage view: ``numel`` elements of ``root`` from element ``view_offset``."""
+
+    __slots__ = ("root", "view_offset")
+
+    def __init__(self, key: str, dtype: DType | None, numel: int, location: str, typename: str) -> None:
+        super().__init__(key, dtype, numel, location, typename)
+        self.root: StorageRef | None = None
+        self.view_offset = 0
+
+
 class TensorNode(Inert):
     """A tensor as the pickle describes it. ``kind`` is "dense" for plain strided tensors (served);
     other kinds (quantized, sparse, nested, meta, wrapper, ...) carry what they are in ``extra``."""
 
     __slots__ = ("kind", "storage", "dtype", "shape", "stride", "storage_offset", "requires_grad",
-                 "is_parameter", "metadata", "extra", "error", "unsupported")
+                 "is_parameter", "metadata", "extra", "error", "unsupported", "parts")
 
     def __init__(self, kind: str, storage: StorageRef | None, dtype: DType, shape: tuple, stride: tuple | None,
                  storage_offset: int, requires_grad: bool = False, metadata: dict | None = None) -> None:
@@ -108,6 +143,9 @@ class TensorNode(Inert):
         self.extra: dict | None = None
         self.error: str | None = None  # why this tensor cannot be served (bad shape, record, ...)
         self.unsupported: str | None = None  # why this kind's bytes are not served
+        # A composite tensor (sparse, nested, per-channel quantized): its component tensors as
+        # ((name, value), ...). The index makes it a "composite" row whose children are the components.
+        self.parts: tuple | None = None
 
     def copy(self) -> "TensorNode":
         t = TensorNode(self.kind, self.storage, self.dtype, self.shape, self.stride, self.storage_offset,
@@ -116,6 +154,7 @@ class TensorNode(Inert):
         t.extra = dict(self.extra) if self.extra else None
         t.error = self.error
         t.unsupported = self.unsupported
+        t.parts = self.parts
         return t
 
     def __repr__(self) -> str:

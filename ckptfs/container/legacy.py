@@ -1,0 +1,297 @@
+"""torch's legacy stream format: every torch.save before torch 1.6, and ``_use_new_zipfile_serialization=False``.
+
+Layout (torch/serialization.py ``_legacy_save``)::
+
+    pickle   MAGIC_NUMBER (0x1950a86a20f9469cfc6c)
+    pickle   PROTOCOL_VERSION (1001)
+    pickle   sys_info {protocol_version, little_endian, type_sizes}
+    pickle   the object; storages are persistent ids ('storage', StorageType, key, location, numel, view)
+    pickle   the sorted list of storage keys
+    for each key, in that order:  8-byte little-endian element count, then count * itemsize raw bytes
+
+Nothing tells where the object pickle ends except its STOP opcode, and nothing tells where a storage's
+bytes start except the sizes of the storages before it. So: the three header pickles are read with the
+strict unpickler; the object pickle is handed to the caller as a stream (``pickle_bytes``) that the
+unpickler leaves positioned just after STOP; once the pickle's storage references are known
+(``bind``), the key list is read and the 8-byte headers are walked (small reads, no storage data read),
+each count checked against the element count the pickle declares. Storage data is always
+little-endian (torch converts on big-endian hosts when writing and reading). Records are then plain
+byte ranges of the file, served by pread like stored zip records.
+"""
+
+from __future__ import annotations
+
+import io
+
+from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
+from ..limits import DEFAULT_LIMITS, Limits
+from ..nodes import StorageRef
+from ..source import ByteSource
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+HEADER_WINDOW = 4096  # bytes read at a time while walking storage headers (many small storages: one read)
+
+
+class _Window(io.RawIOBase):
+    """Bytes [start, end) of a source as a raw stream; reading past ``limit`` is a LimitError."""
+
+    def __init__(self, source: ByteSource, start: int, limit: int, what: str) -> None:
+        super().__init__()
+        self.source = source
+        self.pos = start
+        self.end = min(source.size, start + limit)
+        self.truncated_by_limit = source.size > start + limit
+        self.limit = limit
+        self.what = what
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self.pos
+        elif whence == io.SEEK_END:
+            offset += self.end
+        self.pos = offset
+        return self.pos
+
+    def readinto(self, b: "bytearray | memoryview") -> int:  # type: ignore[override]
+        n = min(len(b), self.end - self.pos)
+        if n <= 0:
+            if self.truncated_by_limit:
+                raise LimitError(f"{self.what} is over the limit of {self.limit} bytes "
+                                 "(raise Limits.max_pickle_bytes to index it)")
+            return 0
+        got = self.source.preadinto(memoryview(b)[:n], self.pos)
+        self.pos += got
+        return got
+
+
+def _stream(source: ByteSource, start: int, limit: int, what: str) -> io.BufferedReader:
+    # 64 KiB reads: big enough for speed, small enough that reading past a pickle's STOP into the
+    # storage data that follows costs little
+    return io.BufferedReader(_Window(source, start, limit, what), buffer_size=1 << 16)
+
+
+class LegacyRecord:
+    """One storage's bytes: a byte range of the file."""
+
+    __slots__ = ("archive", "name", "key", "offset", "size")
+
+    def __init__(self, container: "LegacyStream", key: str, offset: int, size: int) -> None:
+        self.archive = container  # readers look for ``record.archive.source`` (mmap)
+        self.key = key
+        self.name = f"storages/{key}"
+        self.offset = offset
+        self.size = size
+
+    @property
+    def label(self) -> str:
+        return f"storages/{self.key}"
+
+    def file_span(self) -> tuple[int, int]:
+        return self.offset, self.size
+
+    def pread(self, offset: int, n: int) -> bytes:
+        if n < 0 or offset < 0:
+            raise ValueError("negative offset or size")
+        n = max(0, min(n, self.size - offset))
+        if n == 0:
+            return b""
+        data = self.archive.source.pread(self.offset + offset, n)
+        if len(data) != n:
+            raise FormatError("storage data is truncated", file=self.archive.source.name, record=self.name)
+        return data
+
+    def preadinto(self, buf: memoryview, offset: int) -> int:
+        n = max(0, min(len(buf), self.size - offset))
+        if n == 0:
+            return 0
+        got = self.archive.source.preadinto(buf[:n], self.offset + offset)
+        if got != n:
+            raise FormatError("storage data is truncated", file=self.archive.source.name, record=self.name)
+        return n
+
+    def __repr__(self) -> str:
+        return f"LegacyRecord({self.key!r}, offset={self.offset}, size={self.size})"
+
+
+class LegacyStream:
+    """A legacy (non-zip) torch.save stream."""
+
+    kind = "legacy"
+    byteorder = "little"
+
+    def __init__(self, source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.source = source
+        self.limits = limits
+        self.records: dict[str, LegacyRecord] = {}
+        self.errors: dict[str, str] = {}  # storage key -> why its bytes cannot be located
+        self.bound = False
+        self._main: io.BufferedReader | None = None
+        self.main_start, self.sys_info = self._read_header()
+        self.info: dict = {"magic": hex(MAGIC_NUMBER), "protocol_version": PROTOCOL_VERSION,
+                           "sys_info": self.sys_info, "byteorder": "little", "pickle_offset": self.main_start}
+
+    def _fail(self, msg: str, record: str | None = None) -> FormatError:
+        return FormatError(msg, file=self.source.name, record=record)
+
+    # --- the three header pickles ---------------------------------------------------------------------
+    def _read_header(self) -> tuple[int, dict]:
+        from ..unpickler import SafeUnpickler
+
+        stream = _stream(self.source, 0, HEADER_WINDOW, "the legacy header")
+        up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
+        values = []
+        for what in ("magic number", "protocol version", "sys_info"):
+            try:
+                values.append(up.load())
+            except CkptfsError as e:
+                raise self._fail(f"legacy {what}: {e.reason}") from None
+            except Exception as e:  # noqa: BLE001 - malformed pickles raise many kinds
+                raise self._fail(f"legacy {what} is not a readable pickle ({type(e).__name__})") from None
+        magic, protocol, sys_info = values
+        if magic != MAGIC_NUMBER:
+            raise self._fail(f"legacy magic number is {magic!r}, not torch's")
+        if protocol != PROTOCOL_VERSION:
+            raise self._fail(f"legacy protocol version {protocol!r} (torch writes {PROTOCOL_VERSION})")
+        if not isinstance(sys_info, dict):
+            raise self._fail(f"legacy sys_info is a {type(sys_info).__name__}, not a dict")
+        info = {k: v for k, v in sys_info.items() if isinstance(k, str)}
+        return stream.tell(), info
+
+    # --- the object pickle -----------------------------------------------------------------------------
+    def pickle_bytes(self) -> io.BufferedReader:
+        """The object pickle as a stream (its end is found by unpickling it: see the module doc)."""
+        self._main = _stream(self.source, self.main_start, self.limits.max_pickle_bytes, "the legacy object pickle")
+        return self._main
+
+    # --- storages --------------------------------------------------------------------------------------
+    def bind(self, refs: dict[str, StorageRef]) -> None:
+        """Locate every storage once the pickle's references (dtype, numel) are known."""
+        if self.bound:
+            return
+        self.bound = True
+        if self._main is None:
+            raise self._fail("bind() before the object pickle was read")
+        keys_at = self._main.tell()
+        keys, data_start = self._read_keys(keys_at)
+        self.info["storage_keys"] = len(keys)
+        self.info["data_offset"] = data_start
+        self._walk(keys, data_start, refs)
+        views = [r for r in refs.values() if getattr(r, "root", None) is not None]
+        for v in views:
+            self._bind_view(v)
+
+    def _read_keys(self, at: int) -> tuple[list[str], int]:
+        from ..unpickler import SafeUnpickler
+
+        stream = _stream(self.source, at, self.limits.max_pickle_bytes, "the legacy storage key list")
+        up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
+        record = f"storage key list at byte {at}"
+        try:
+            keys = up.load()
+        except CkptfsError as e:
+            raise e.at(file=self.source.name, record=record) from None
+        except Exception as e:  # noqa: BLE001
+            raise self._fail(f"not a readable pickle ({type(e).__name__}: {e})", record=record) from None
+        if not isinstance(keys, list):
+            raise self._fail(f"is a {type(keys).__name__}, not a list", record=record)
+        out = []
+        for k in keys:
+            if isinstance(k, bytes):
+                k = k.decode("ascii", "backslashreplace")
+            elif type(k) is int:
+                k = str(k)
+            if type(k) is not str:
+                raise UnsafePickleError(f"storage key {k!r} is not a string", file=self.source.name, record=record)
+            out.append(k)
+        return out, stream.tell()
+
+    def _walk(self, keys: list[str], off: int, refs: dict[str, StorageRef]) -> None:
+        size = self.source.size
+        win_start, win = 0, b""
+        lost: str | None = None  # once set, the bytes of every later storage cannot be located
+        for key in keys:
+            if lost is not None:
+                self.errors.setdefault(key, lost)
+                continue
+            if key in self.records or key in self.errors:
+                self.errors[key] = f"storage key {key!r} is listed twice in the stream"
+                if self.records.pop(key, None) is not None and refs.get(key) is not None:
+                    refs[key].record = None
+                lost = f"follows storage {key!r}, which is listed twice"
+                continue
+            ref = refs.get(key)
+            if ref is None or getattr(ref, "root", None) is not None:
+                self.errors[key] = "storage listed in the stream but never referenced by the pickle"
+                lost = f"follows storage {key!r}, whose element size the pickle does not tell"
+                continue
+            if not (win_start <= off and off + 8 <= win_start + len(win)):
+                win_start, win = off, self.source.pread(off, HEADER_WINDOW)
+            head = win[off - win_start : off - win_start + 8]
+            if len(head) < 8:
+                self.errors[key] = f"the stream ends at byte {size} before storage {key!r}'s header"
+                lost = self.errors[key]
+                continue
+            count = int.from_bytes(head, "little")
+            nbytes = count * ref.itemsize
+            start = off + 8
+            if start + nbytes > size:
+                self.errors[key] = (f"storage {key!r} declares {count} elements ({nbytes} bytes from byte {start}) "
+                                    f"but the file ends at byte {size}")
+                lost = f"follows storage {key!r}, which runs past the end of the file"
+                continue
+            if count != ref.numel:
+                self.errors[key] = (f"the stream holds {count} elements for storage {key!r}; the pickle declares "
+                                    f"{ref.numel} (torch.load refuses this: wrong byte size)")
+            else:
+                rec = LegacyRecord(self, key, start, nbytes)
+                self.records[key] = rec
+                if ref.record is None and ref.error is None:
+                    ref.record = rec
+            off = start + nbytes
+        self.info["data_end"] = off
+        if lost is None and off < size:
+            self.info["trailing_bytes"] = size - off
+
+    def _bind_view(self, v: StorageRef) -> None:
+        """A storage view (old files): a slice of its root storage's record."""
+        root: StorageRef = v.root  # type: ignore[attr-defined]
+        rec = self.records.get(root.key)
+        if rec is None:
+            self.errors[v.key] = f"view of storage {root.key!r}: " + self.errors.get(root.key, "root is not in the stream")
+            return
+        start = v.view_offset * root.itemsize  # type: ignore[attr-defined]
+        if start + v.nbytes > rec.size:
+            self.errors[v.key] = (f"storage view {v.key!r} [{start}, {start + v.nbytes}) lies outside its root "
+                                  f"storage {root.key!r} of {rec.size} bytes")
+            return
+        view = LegacyRecord(self, v.key, rec.offset + start, v.nbytes)
+        self.records[v.key] = view
+        if v.record is None and v.error is None:
+            v.record = view
+
+    def storage_record(self, key: str) -> LegacyRecord:
+        rec = self.records.get(key)
+        if rec is None:
+            why = self.errors.get(key) or "storage is not in the stream's storage list"
+            raise TensorError(why, file=self.source.name, record=f"storages/{key}")
+        return rec
+
+    def storage_size(self, key: str) -> int:
+        return self.storage_record(key).size
+
+    def record_name(self, key: str) -> str:
+        """Storages have no names in the stream: ``storages/<key>`` (the data follows its 8-byte count)."""
+        return f"storages/{key}"
+
+    def close(self) -> None:
+        self.source.close()
