@@ -18,7 +18,7 @@ from .meta import Meta
 from .nodes import OpaqueObject, PickledOrderedDict, TensorNode
 from .reader import TensorReader
 from .source import ByteSource, open_source
-from .tensors import STRIDED_KINDS, numel, validate_all
+from .tensors import STRIDED_KINDS, ensure_valid, numel, validate_all
 from .unpickler import gc_paused, unpickle
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ class Checkpoint:
                 bind = getattr(self.container, "bind", None)
                 if bind is not None:  # legacy streams locate storages once their dtypes are known
                     bind(converter.refs)
-                validate_all(self.index, self.container, limits)
+            container, max_ndim = self.container, limits.max_ndim
+            self.index.validator = lambda t: ensure_valid(t, container, max_ndim)
         except CkptfsError as e:
             self.source.close()
             raise e.at(file=self.name) from None
@@ -118,6 +119,7 @@ class Checkpoint:
 
     def info(self) -> dict[str, Any]:
         """Format facts and totals (what ``ckptfs info`` prints)."""
+        validate_all(self.index, self.container, self.limits)
         per_dtype: Counter = Counter()
         per_dtype_count: Counter = Counter()
         kinds: Counter = Counter()
@@ -172,6 +174,7 @@ class Checkpoint:
             if index.kinds[i] != TENSOR:
                 raise TensorError(f"is a {index.kinds[i]}, not a tensor", file=self.name, record=index.keys[i])
             t = index.nodes[i]
+            ensure_valid(t, self.container, self.limits.max_ndim)  # type: ignore[arg-type]
             ref = t.storage  # type: ignore[attr-defined]
             if ref is not None and ref.record is None and t.error is None:  # type: ignore[attr-defined]
                 try:

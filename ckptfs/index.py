@@ -9,6 +9,8 @@ Keys join path components with "." (a state_dict key "a.b" stays "a.b"; ``{'mode
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .allowlist import TENSOR_CALLS
 from .convert import Converter, numpy_array_node, numpy_scalar_value, storage_as_tensor
 from .errors import LimitError
@@ -139,6 +141,8 @@ class Index:
         self._spans: dict[int, tuple[int, int]] = {}  # container row -> (first child row, count)
         self.n_tensors = 0
         self._order: list[int] | None = None
+        #: checks a TensorNode against its record on first use (set by the Checkpoint that owns the index)
+        self.validator: Callable[[TensorNode], None] | None = None
         self._build(root, converter or Converter(limits))
 
     # --- building -------------------------------------------------------------------------------------

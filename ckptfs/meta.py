@@ -63,6 +63,14 @@ class Meta:
         node = self._index.nodes[self._row]
         return node if type(node) is TensorNode else None
 
+    @property
+    def _checked(self) -> TensorNode | None:
+        """The tensor, validated against its record (for fields that depend on it)."""
+        t = self._t
+        if t is not None and not t.validated and self._index.validator is not None:
+            self._index.validator(t)
+        return t
+
     # --- tensors ---
     @property
     def dtype(self) -> str | None:
@@ -143,7 +151,7 @@ class Meta:
     @property
     def contiguous(self) -> bool | None:
         """True when the tensor's bytes are one range of its record (reads are one pread)."""
-        t = self._t
+        t = self._checked
         if t is None:
             return None
         if t.kind in STRIDED_KINDS and t.stride is not None and t.error is None:
@@ -180,7 +188,7 @@ class Meta:
     @property
     def error(self) -> str | None:
         """Why this tensor's bytes cannot be served (bad geometry, missing record, ...)."""
-        t = self._t
+        t = self._checked
         return t.error if t else None
 
     @property

@@ -127,7 +127,7 @@ class TensorNode(Inert):
     other kinds (quantized, sparse, nested, meta, wrapper, ...) carry what they are in ``extra``."""
 
     __slots__ = ("kind", "storage", "dtype", "shape", "stride", "storage_offset", "requires_grad",
-                 "is_parameter", "metadata", "extra", "error", "unsupported", "parts")
+                 "is_parameter", "metadata", "extra", "error", "unsupported", "parts", "validated")
 
     def __init__(self, kind: str, storage: StorageRef | None, dtype: DType, shape: tuple, stride: tuple | None,
                  storage_offset: int, requires_grad: bool = False, metadata: dict | None = None) -> None:
@@ -143,6 +143,7 @@ class TensorNode(Inert):
         self.extra: dict | None = None
         self.error: str | None = None  # why this tensor cannot be served (bad shape, record, ...)
         self.unsupported: str | None = None  # why this kind's bytes are not served
+        self.validated = False  # checked against its storage record (ckptfs.tensors.ensure_valid)
         # A composite tensor (sparse, nested, per-channel quantized): its component tensors as
         # ((name, value), ...). The index makes it a "composite" row whose children are the components.
         self.parts: tuple | None = None

@@ -1,5 +1,7 @@
 """Tensor geometry and validation: which bytes of which record hold a tensor, or why none can.
 
+Validation is lazy (first metadata error / read of a tensor) and happens once per tensor.
+
 A dense tensor is (storage, dtype, shape, stride, storage_offset) as in ``Tensor.set_``. It is served
 only if every element it addresses lies inside its storage, the storage's record exists and has
 exactly the size the pickle declares, and nothing overflows. Anything else records an error on that
@@ -59,29 +61,28 @@ def nbytes(t: TensorNode) -> int:
 
 
 def validate_all(index: "Index", container: Container | None, limits: Limits) -> None:
-    """Validate every tensor of an index (once all storages are known): each storage against its record
-    once, then each tensor's geometry against its storage."""
+    """Validate every tensor of an index (``ckptfs info``, ``ckptfs check``)."""
     kinds, nodes = index.kinds, index.nodes
-    max_ndim = limits.max_ndim
     for i in range(len(kinds)):
-        if kinds[i] != "tensor":
-            continue
-        t = nodes[i]
-        if t.error is not None or t.unsupported is not None or t.kind not in STRIDED_KINDS:
-            continue
+        if kinds[i] == "tensor":
+            ensure_valid(nodes[i], container, limits.max_ndim)
+
+
+def ensure_valid(t: TensorNode, container: Container | None, max_ndim: int) -> None:
+    """Check a strided tensor against its storage and record once (on first use: opening a 20k-tensor
+    checkpoint does not pay for tensors nobody reads); sets ``t.error`` on the first problem."""
+    if t.validated:
+        return
+    if t.error is None and t.unsupported is None and t.kind in STRIDED_KINDS:
         ref = t.storage
         if ref is not None and not ref.checked:
             check_storage(ref, container)
         t.error = check_geometry(t, max_ndim)
+    t.validated = True
 
 
 def validate(t: TensorNode, container: Container | None, limits: Limits) -> None:
-    """Check one strided tensor against its storage and record; sets ``t.error`` on the first problem."""
-    if t.error is not None or t.kind not in STRIDED_KINDS or t.unsupported is not None:
-        return
-    if t.storage is not None and not t.storage.checked:
-        check_storage(t.storage, container)
-    t.error = check_geometry(t, limits.max_ndim)
+    ensure_valid(t, container, limits.max_ndim)
 
 
 def check_storage(ref: StorageRef, container: Container | None) -> None:

@@ -319,6 +319,8 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
     if isinstance(v, TensorNode):
         from .reader import TensorReader
 
+        if ckpt.index.validator is not None:
+            ckpt.index.validator(v)
         return build_tensor_from_reader(ckpt, TensorReader(v, file_name=ckpt.name), map_location, dtype)
     if isinstance(v, OpaqueObject):
         f = lambda x: to_plain(ckpt, x, map_location, dtype, depth + 1)  # noqa: E731
