@@ -1,0 +1,106 @@
+"""The ckptfs command: ls / info / check output, exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+
+def run(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckptfs.cli", *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture()
+def model_file(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+    obj = {"model": model.state_dict(), "epoch": 3, "lr": 0.01, "half": torch.ones(3, dtype=torch.bfloat16)}
+    p = tmp_path / "m.pth"
+    torch.save(obj, p)
+    return p
+
+
+def test_ls_table_tree_json_and_patterns(model_file):
+    r = run("ls", str(model_file), check=True)
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "DTYPE", "SHAPE", "SIZE"]
+    row = next(line for line in lines if line.startswith("model.0.weight"))
+    assert "float32" in row and "[4, 8]" in row and "128 B" in row
+    assert any(line.startswith("epoch") and line.rstrip().endswith("3") for line in lines)
+    assert "tensors" in r.stderr
+    r = run("ls", "--tree", str(model_file), check=True)
+    assert "model/" in r.stdout and "├──" in r.stdout
+    r = run("ls", "--json", str(model_file), "model.1.*", check=True)
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert {d["key"] for d in rows} == {"model.1.weight", "model.1.bias"}
+    assert rows[0]["numpy_dtype"] == "<f4" and rows[0]["shape"] == [4]
+    r = run("ls", "-b", str(model_file), "half", check=True)
+    assert " 6" in r.stdout.splitlines()[1]
+
+
+def test_info_text_and_json(model_file):
+    r = run("info", str(model_file), check=True)
+    assert "format      zip" in r.stdout and "tensors     5" in r.stdout and "bfloat16" in r.stdout
+    info = json.loads(run("info", "--json", str(model_file), check=True).stdout)
+    assert info["tensors"] == 5 and info["format"] == "zip" and info["byteorder"] == "little"
+    assert info["bytes_per_dtype"]["bfloat16"] == 6
+
+
+def test_check_green_and_red(model_file, tmp_path):
+    r = run("check", "-v", str(model_file))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 tensors identical, 0 mismatched" in r.stdout and r.stdout.count("OK ") == 5
+    # a record whose bytes were changed after writing: torch reads the new bytes, and so must ckptfs;
+    # but a storage whose declared size disagrees with its record is refused by ckptfs while torch
+    # (mmap) reads it - the check reports it red.
+    bad = tmp_path / "bad.pth"
+    with zipfile.ZipFile(model_file) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("data/0"):
+                data = data + b"\x00" * 8  # record longer than the pickle declares
+            zout.writestr(info, data)
+    r = run("check", str(bad))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "FAIL" in r.stdout and "1 mismatched" in r.stdout
+
+
+def test_errors_are_one_line_with_exit_status(tmp_path):
+    missing = tmp_path / "nope.pth"
+    r = run("ls", str(missing))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0 and str(missing) in r.stderr and "Traceback" not in r.stderr
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(os.urandom(100))
+    r = run("info", str(junk))
+    assert r.returncode == 1 and "junk.pth" in r.stderr and "Traceback" not in r.stderr
+    r = run("--debug", "info", str(junk))
+    assert r.returncode != 0 and "Traceback" in r.stderr
+    r = run("ls")
+    assert r.returncode == 2  # usage
+
+
+def test_check_refuses_unsafe_pickles_unless_trusted(tmp_path):
+    class Custom:
+        def __init__(self):
+            self.w = torch.ones(2)
+
+    import __main__
+
+    Custom.__module__ = "__main__"
+    Custom.__qualname__ = "Custom"
+    __main__.Custom = Custom
+    p = tmp_path / "custom.pth"
+    try:
+        torch.save({"obj": Custom(), "t": torch.zeros(2)}, p)
+    finally:
+        del __main__.Custom
+    r = run("check", str(p))
+    assert r.returncode == 1 and "torch.load failed" in r.stderr and "--trust" in r.stderr
+    r = run("ls", str(p))  # ckptfs itself indexes it: the object is opaque data, its tensor reachable
+    assert r.returncode == 0 and "obj.w" in r.stdout
