@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any, Iterator
 from .container import open_container
 from .convert import Converter
 from .dtypes import numpy_dtype
-from .errors import CkptfsError, TensorError
-from .index import CONTAINERS, LEAF, LINK, TENSOR, Index
+from .errors import CkptfsError, TensorError, UnsupportedError
+from .index import COMPOSITE, CONTAINERS, LEAF, LINK, TENSOR, Index
 from .limits import DEFAULT_LIMITS, Limits
 from .meta import Meta
 from .nodes import OpaqueObject, PickledOrderedDict, TensorNode
 from .reader import TensorReader
 from .source import ByteSource, open_source
-from .tensors import STRIDED_KINDS, ensure_valid, numel, validate_all
+from .tensors import STRIDED_KINDS, ensure_valid, nbytes, numel, validate_all
 from .unpickler import gc_paused, unpickle
 
 if TYPE_CHECKING:
@@ -138,11 +138,11 @@ class Checkpoint:
                 continue
             if t.unsupported:
                 unsupported += 1
-            n = numel(t.shape)
-            n_elems += n
-            per_dtype[t.dtype.name] += n * t.dtype.itemsize if not t.unsupported else 0
+            n_elems += numel(t.shape)
+            per_dtype[t.dtype.name] += nbytes(t)
             per_dtype_count[t.dtype.name] += 1
         index_kinds = Counter(self.index.kinds)
+        composite = Counter(nodes[i].kind for i in range(len(nodes)) if self.index.kinds[i] == COMPOSITE)  # type: ignore[attr-defined]
         return {
             "file": self.name,
             "size": self.source.size,
@@ -151,6 +151,7 @@ class Checkpoint:
             "byteorder": self.byteorder,
             "tensors": self.index.n_tensors,
             "tensor_kinds": dict(kinds),
+            "composite_tensors": dict(composite),  # sparse / nested / per-channel quantized: made of tensors above
             "storages": len(storages),
             "elements": n_elems,
             "tensor_bytes": sum(per_dtype.values()),
@@ -172,6 +173,10 @@ class Checkpoint:
         if r is None:
             index = self.index
             if index.kinds[i] != TENSOR:
+                if index.kinds[i] == COMPOSITE:  # sparse, nested, per-channel quantized: bytes are its parts'
+                    parts = ", ".join(index.keys[c] for c in index.children(i))
+                    raise UnsupportedError(f"a {index.nodes[i].kind} tensor is stored as parts: read {parts}",  # type: ignore[attr-defined]
+                                           file=self.name, record=index.keys[i])
                 raise TensorError(f"is a {index.kinds[i]}, not a tensor", file=self.name, record=index.keys[i])
             t = index.nodes[i]
             ensure_valid(t, self.container, self.limits.max_ndim)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .allowlist import TENSOR_CALLS
-from .convert import Converter, numpy_array_node, numpy_scalar_value, storage_as_tensor
+from .convert import Converter, numpy_array_value, numpy_scalar_value, storage_as_tensor
 from .errors import LimitError
 from .limits import DEFAULT_LIMITS, Limits
 from .nodes import (
@@ -29,7 +29,10 @@ from .nodes import (
 
 TENSOR, LEAF, DICT, LIST, TUPLE, SET, OPAQUE, LINK = ("tensor", "leaf", "dict", "list", "tuple", "set",
                                                       "opaque", "link")
-CONTAINERS = (DICT, LIST, TUPLE, SET, OPAQUE)
+#: A tensor made of other tensors (sparse, nested, per-channel quantized): a container row whose node is
+#: the TensorNode (dense shape, dtype, layout ... for its metadata) and whose children are the parts.
+COMPOSITE = "composite"
+CONTAINERS = (DICT, LIST, TUPLE, SET, OPAQUE, COMPOSITE)
 LEAF_TYPES = (int, float, bool, str, bytes, bytearray, type(None), complex)
 V2_CALL = TENSOR_CALLS[("torch._utils", "_rebuild_tensor_v2")]
 
@@ -152,7 +155,7 @@ class Index:
             v = conv.convert(v)
         t = type(v)
         if t is TensorNode:
-            return TENSOR, v
+            return (TENSOR if v.parts is None else COMPOSITE), v  # type: ignore[attr-defined]
         if t in LEAF_TYPES:
             return LEAF, v
         if t is dict or t is PickledOrderedDict:
@@ -166,7 +169,8 @@ class Index:
         if isinstance(v, OpaqueObject):
             return OPAQUE, v
         if t is NumpyArray:
-            return TENSOR, numpy_array_node(v)  # type: ignore[arg-type]
+            node = numpy_array_value(v)  # type: ignore[arg-type]
+            return (TENSOR if type(node) is TensorNode else OPAQUE), node
         if t is NumpyScalar:
             return LEAF, numpy_scalar_value(v)  # type: ignore[arg-type]
         if t is StorageRef:
@@ -209,11 +213,13 @@ class Index:
                 items = obj.items()  # type: ignore[attr-defined]
             elif k_i == OPAQUE:
                 items = opaque_children(obj)  # type: ignore[arg-type]
+            elif k_i == COMPOSITE:
+                items = obj.parts  # type: ignore[attr-defined]
             else:
                 items = enumerate(obj)  # type: ignore[call-overload]
             prefix = keys[i] + "." if i else ""
             first = len(keys)
-            n_items = len(items) if k_i == OPAQUE else len(obj)  # type: ignore[arg-type]
+            n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
             if first + n_items > max_nodes:
                 raise LimitError(f"more than {max_nodes} objects in the checkpoint")
             for name, v in items:
@@ -326,7 +332,7 @@ def _container_info(obj: object) -> object:
         info = PickledOrderedDict()
         info.state = getattr(obj, "state", None)
         return info
-    if isinstance(obj, OpaqueObject):
+    if isinstance(obj, (OpaqueObject, TensorNode)):  # a composite tensor keeps its node (its metadata)
         return obj
     return None
 

@@ -172,12 +172,14 @@ class Meta:
 
     @property
     def location(self) -> str | None:
-        """Device the tensor was saved from ("cpu", "cuda:0", ...): metadata only."""
-        ref = self._ref
-        if ref is not None:
-            return ref.location
+        """Device the tensor was saved from ("cpu", "cuda:0", "xla:0", "meta" ...): metadata only."""
         t = self._t
-        return (t.extra or {}).get("device") if t else None
+        if t is None:
+            return None
+        device = t.extra.get("device") if t.extra else None  # set where the storage's location is not it
+        if device is not None:
+            return device
+        return t.storage.location if t.storage is not None else None
 
     @property
     def tensor_kind(self) -> str | None:

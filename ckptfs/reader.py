@@ -13,7 +13,7 @@ import numpy as np
 from .container.base import Record
 from .errors import TensorError
 from .nodes import TensorNode
-from .tensors import STRIDED_KINDS, is_contiguous, nbytes, numel
+from .tensors import NO_DATA_KINDS, STRIDED_KINDS, is_contiguous, nbytes, numel
 
 class TensorReader:
     """Serves byte ranges of one tensor's logical content."""
@@ -31,6 +31,9 @@ class TensorReader:
         self.contiguous = False
         if t.error is not None:
             raise self._fail(t.error)
+        if t.kind in NO_DATA_KINDS:  # meta tensors, storage-less wrapper subclasses: nothing to read
+            self.inline, self.contiguous = b"", True
+            return
         if t.kind == "numpy" and t.extra and "inline" in t.extra and t.unsupported is None:
             self.inline = t.extra["inline"]
             self.contiguous = not t.extra.get("fortran_order") or len(t.shape) < 2

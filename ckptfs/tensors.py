@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 #: Kinds whose bytes are a strided view of one storage (quantized tensors store raw integers the same way).
 STRIDED_KINDS = ("dense", "quantized")
+#: Kinds that have a shape and dtype but no data at all: served as 0 bytes (their metadata says why).
+NO_DATA_KINDS = ("meta", "wrapper")
 MAX_NBYTES = 1 << 62
 
 
@@ -55,8 +57,8 @@ def is_contiguous(shape: tuple, stride: tuple) -> bool:
 
 def nbytes(t: TensorNode) -> int:
     """Bytes of the tensor's logical (C-contiguous) content; 0 for kinds with no data."""
-    if t.kind == "meta" or t.unsupported is not None and t.kind != "numpy":
-        return 0
+    if t.kind in NO_DATA_KINDS or t.parts is not None or t.unsupported is not None and t.kind != "numpy":
+        return 0  # no data, or a composite (its bytes are its parts')
     return numel(t.shape) * t.dtype.itemsize
 
 
@@ -73,7 +75,7 @@ def ensure_valid(t: TensorNode, container: Container | None, max_ndim: int) -> N
     checkpoint does not pay for tensors nobody reads); sets ``t.error`` on the first problem."""
     if t.validated:
         return
-    if t.error is None and t.unsupported is None and t.kind in STRIDED_KINDS:
+    if t.error is None and t.unsupported is None and t.parts is None and t.kind in STRIDED_KINDS:
         ref = t.storage
         if ref is not None and not ref.checked:
             check_storage(ref, container)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from .errors import CkptfsError
-from .index import DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE
+from .errors import CkptfsError, UnsupportedError
+from .index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE
 from .nodes import OpaqueObject, PickledOrderedDict, TensorNode, TorchDevice, TorchDType, TorchGlobal
 
 if TYPE_CHECKING:
@@ -78,7 +78,63 @@ def _byteswap(out: torch.Tensor, itemsize: int, is_complex: bool) -> None:
 
 def build_tensor(ckpt: "Checkpoint", key: Any, map_location: Any = "cpu", dtype: torch.dtype | None = None,
                  mmap: bool = True) -> torch.Tensor:
+    i = ckpt.row(key)
+    if ckpt.index.kinds[i] == COMPOSITE:
+        return build_composite(ckpt, i, map_location, dtype, mmap)
     return build_tensor_from_reader(ckpt, ckpt.reader(key), map_location, dtype, mmap)
+
+
+#: torch dtype of the raw integers of each quantized dtype (what ``int_repr()`` returns)
+_QUANT_INT = {"qint8": torch.int8, "quint8": torch.uint8, "qint32": torch.int32}
+
+
+def build_composite(ckpt: "Checkpoint", row: int, map_location: Any = "cpu", dtype: torch.dtype | None = None,
+                    mmap: bool = True) -> torch.Tensor:
+    """A sparse, nested or per-channel quantized tensor from its parts, as torch.load rebuilds it."""
+    index = ckpt.index
+    t: TensorNode = index.nodes[row]  # type: ignore[assignment]
+    key = index.keys[row]
+    if t.error:
+        raise CkptfsError(t.error, file=ckpt.name, record=key)
+    parts = {index.names[c]: build_tensor(ckpt, index.keys[c], map_location, None, mmap) for c in index.children(row)}
+    extra = t.extra or {}
+    if t.kind == "sparse":
+        layout = getattr(torch, extra["layout"])
+        values = parts["values"]
+        if layout == torch.sparse_coo:
+            out = torch.sparse_coo_tensor(parts["indices"], values, t.shape, is_coalesced=extra.get("is_coalesced"),
+                                          check_invariants=True)
+        else:
+            names = [n for n in parts if n != "values"]
+            out = torch.sparse_compressed_tensor(parts[names[0]], parts[names[1]], values, t.shape, layout=layout,
+                                                 check_invariants=True)
+    elif t.kind == "nested":
+        out = torch._nested_view_from_buffer(parts["buffer"].contiguous(), parts["sizes"], parts["strides"],
+                                             parts["offsets"])
+    elif t.kind == "quantized":
+        out = torch._make_per_channel_quantized_tensor(parts["int_repr"], parts["scales"], parts["zero_points"],
+                                                       extra["axis"])
+    else:
+        raise UnsupportedError(f"{t.kind} composite tensors cannot be built", file=ckpt.name, record=key)
+    if dtype is not None and out.dtype != dtype and not out.is_quantized:
+        out = out.to(dtype)
+    if t.requires_grad and (out.is_floating_point() or out.is_complex()):
+        out.requires_grad_(True)
+    return out
+
+
+def part_of(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """The component of a torch sparse / nested / per-channel quantized tensor that ckptfs shows as the
+    part ``name`` (``w.indices`` ...): how ``ckptfs check`` and the tests find torch's side."""
+    if tensor.is_quantized:
+        return {"int_repr": tensor.int_repr, "scales": tensor.q_per_channel_scales,
+                "zero_points": tensor.q_per_channel_zero_points}[name]()
+    if tensor.is_nested:
+        return {"buffer": tensor.values, "sizes": tensor._nested_tensor_size,
+                "strides": tensor._nested_tensor_strides, "offsets": tensor._nested_tensor_storage_offsets}[name]()
+    if tensor.layout == torch.sparse_coo:
+        return {"indices": tensor._indices, "values": tensor._values}[name]()
+    return getattr(tensor, name)()  # crow_indices, col_indices, ccol_indices, row_indices, values
 
 
 def _mapped(ckpt: "Checkpoint", r: Any, tdt: torch.dtype) -> torch.Tensor | None:
@@ -96,11 +152,29 @@ def _mapped(ckpt: "Checkpoint", r: Any, tdt: torch.dtype) -> torch.Tensor | None
 def build_tensor_from_reader(ckpt: "Checkpoint", r: Any, map_location: Any = "cpu",
                              dtype: torch.dtype | None = None, mmap: bool = False) -> torch.Tensor:
     t: TensorNode = r.t
-    tdt = torch_dtype(t.dtype.name)
+    extra = t.extra or {}
+    if t.kind == "meta":  # torch.load makes it on the meta device whatever map_location says
+        return torch.empty_strided(t.shape, t.stride, dtype=torch_dtype(t.dtype.name), device="meta",
+                                   requires_grad=t.requires_grad)
+    if t.kind == "wrapper":
+        raise UnsupportedError(f"a {extra.get('subclass')} wrapper subclass has no storage and ckptfs does not "
+                               "import its class: metadata only (see Checkpoint.meta)", file=ckpt.name, record=r.key)
+    if t.kind == "quantized":
+        int_dtype = _QUANT_INT.get(t.dtype.name)
+        if int_dtype is None or "scale" not in extra:
+            raise UnsupportedError(f"{t.dtype.name} tensors ({extra.get('qscheme')}) cannot be built as torch tensors",
+                                   file=ckpt.name, record=r.key)
+        ints = torch.empty(t.shape, dtype=int_dtype)
+        _read_into_tensor(r, ints)
+        if ckpt.byteorder != sys.byteorder and t.dtype.itemsize > 1:
+            _byteswap(ints, t.dtype.itemsize, False)
+        return torch._make_per_tensor_quantized_tensor(ints, extra["scale"], extra["zero_point"])
+    if t.unsupported is not None:
+        raise UnsupportedError(t.unsupported, file=ckpt.name, record=r.key)
     if t.kind not in ("dense", "numpy"):
-        raise CkptfsError(f"{t.kind} tensors cannot be built as torch tensors yet", file=ckpt.name,
-                          record=r.key)
-    order = (t.extra or {}).get("byteorder", ckpt.byteorder)
+        raise UnsupportedError(f"{t.kind} tensors cannot be built as torch tensors", file=ckpt.name, record=r.key)
+    tdt = torch_dtype(t.dtype.name)
+    order = extra.get("byteorder", ckpt.byteorder)
     native = order == sys.byteorder or t.dtype.itemsize == 1
     out = _mapped(ckpt, r, tdt) if mmap and native else None
     if out is None:
@@ -110,17 +184,37 @@ def build_tensor_from_reader(ckpt: "Checkpoint", r: Any, map_location: Any = "cp
             _byteswap(out, t.dtype.itemsize, t.dtype.name.startswith("complex"))
     if t.metadata:
         torch._utils.set_tensor_metadata(out, dict(t.metadata))  # conj / neg bits, as torch.load sets them
-    location = t.storage.location if t.storage is not None else "cpu"
+    location = extra.get("device") or (t.storage.location if t.storage is not None else "cpu")
     dev = resolve_device(map_location, location)
     if dev.type != "cpu":
         out = out.to(dev)
     if dtype is not None and out.dtype != dtype:
         out = out.to(dtype)
     if t.is_parameter:
-        return torch.nn.Parameter(out, requires_grad=t.requires_grad)
-    if t.requires_grad and (out.is_floating_point() or out.is_complex()):
+        out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+    elif t.requires_grad and (out.is_floating_point() or out.is_complex()):
         out.requires_grad_(True)
+    if "python_state" in extra:
+        _set_state(ckpt, out, extra["python_state"], map_location, dtype)
     return out
+
+
+def _set_state(ckpt: "Checkpoint", out: torch.Tensor, state: Any, map_location: Any, dtype: Any) -> None:
+    """Python attributes a Parameter / tensor subclass carried (``_rebuild_parameter_with_state``,
+    ``_rebuild_from_type_v2``), set as torch.load sets them, as plain data only; names that are not plain
+    identifiers, dunders, or that torch.Tensor itself has (``data``, ``grad`` ...) are not set."""
+    if isinstance(state, tuple) and len(state) == 2:  # (dict state, slots state)
+        merged: dict = {}
+        for part in state:
+            if isinstance(part, dict):
+                merged.update(part)
+        state = merged
+    if not isinstance(state, dict):
+        return
+    for name, value in state.items():
+        if isinstance(name, str) and name.isidentifier() and not name.startswith("__") \
+                and not hasattr(torch.Tensor, name):
+            setattr(out, name, to_plain(ckpt, value, map_location, dtype))
 
 
 # --- metadata objects (zipslicer's get_meta) ---------------------------------------------------------------
@@ -286,7 +380,10 @@ def entry_value(ckpt: "Checkpoint", row: int, map_location: Any, dtype: torch.dt
     index = ckpt.index
     i = index.resolve(row)
     kind = index.kinds[i]
-    if kind == TENSOR:
+    if kind == TENSOR or kind == COMPOSITE:
+        node = index.nodes[i]
+        if node.kind == "numpy" and "device" not in (node.extra or {}):  # type: ignore[attr-defined]
+            return ckpt.numpy(index.keys[i]).copy()  # a numpy array pickled in the checkpoint stays one
         return build_tensor(ckpt, index.keys[i], map_location, dtype, mmap)
     if kind == LEAF:
         return to_plain(ckpt, index.nodes[i], map_location, dtype)
