@@ -344,45 +344,43 @@ class ZipArchive:
         self.cd_offset = cd_offset
 
     def _parse_entries(self, cd: bytes, count: int, cd_offset: int) -> None:
-        """Parse all central directory entries at once with numpy (20k entries: ~10 ms, 4x faster than a
-        struct loop); records become ZipRecord objects only when looked up."""
+        """Parse all central directory entries at once with numpy (20k entries in ~10 ms, ~5x faster than
+        zipfile); records become ZipRecord objects only when looked up."""
         if count == 0:
             raise self._fail("empty archive")
         buf = np.frombuffer(cd, dtype=np.uint8)
         pos = self._entry_positions(cd, buf, count)
         hdr = buf[pos[:, None] + np.arange(CDIR.size)].view(CDIR_DTYPE).reshape(count)
         nlen = hdr["nlen"].astype(np.int64)
-        raw_names = [cd[p : p + n] for p, n in zip((pos + CDIR.size).tolist(), nlen.tolist())]
+        name_start = pos + CDIR.size
         size = hdr["size"].astype(np.int64)
         csize = hdr["csize"].astype(np.int64)
         hoff = hdr["hoff"].astype(np.int64)
+        self._cd, self._name_start, self._nlen = cd, name_start.tolist(), nlen.tolist()
         big = np.flatnonzero((size == U32) | (csize == U32) | (hoff == U32) | (hdr["dstart"] == U16))
         for i in big.tolist():
-            epos = int(pos[i]) + CDIR.size + int(nlen[i])
+            epos = int(name_start[i] + nlen[i])
             extra = cd[epos : epos + int(hdr["xlen"][i])]
             size[i], csize[i], hoff[i] = self._zip64_extra(extra, int(size[i]), int(csize[i]), int(hoff[i]),
-                                                           int(hdr["dstart"][i]), raw_names[i])
+                                                           int(hdr["dstart"][i]), self._raw_name(i))
         flags = hdr["flags"]
-        if any(b"\x00" in n for n in raw_names):
-            bad = next(n for n in raw_names if b"\x00" in n)
-            raise self._fail("entry name contains a NUL byte", record=_show(bad))
-        if len(set(raw_names)) != count:
-            seen: set[bytes] = set()
-            dup = next(n for n in raw_names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
-            raise self._fail("duplicate entry name (readers disagree on which copy is meant)", record=_show(dup))
-        try:
-            names = [n.decode("utf-8") for n in raw_names]
-        except UnicodeDecodeError:
-            names = [self._decode_name(n, int(f)) for n, f in zip(raw_names, flags.tolist())]
+        text = self._names(buf, name_start, nlen, flags)  # all names, NUL-separated
         # Root folder: everything before the first '/' of the first entry; every entry must be under it.
-        first = names[0]
-        slash = first.find("/")
-        if slash <= 0:
-            raise self._fail("first entry is not inside a root folder (not a torch.save archive?)", record=first)
-        root = first[: slash + 1]
-        for n in names:
-            if not n.startswith(root):
-                raise self._fail(f"entry is outside the archive root {root!r}", record=n)
+        slash = text.find("/")
+        if slash <= 0 or "\x00" in text[:slash]:
+            raise self._fail("first entry is not inside a root folder (not a torch.save archive?)",
+                             record=text.split("\x00", 1)[0])
+        root = text[: slash + 1]
+        rlen = len(root)
+        names = text.split("\x00")
+        if text.count("\x00" + root) != count - 1:
+            bad = next(n for n in names if not n.startswith(root))
+            raise self._fail(f"entry is outside the archive root {root!r}", record=bad)
+        rows = dict(zip(text[rlen:].replace("\x00" + root, "\x00").split("\x00"), range(count)))
+        if len(rows) != count:
+            seen: set[str] = set()
+            dup = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise self._fail("duplicate entry name (readers disagree on which copy is meant)", record=dup)
         # Records must not overlap: sorted by header offset, each must end before the next one starts.
         order = np.argsort(hoff, kind="stable")
         ends = hoff + LOCAL.size + nlen + csize
@@ -395,14 +393,32 @@ class ZipArchive:
             j = np.flatnonzero(hoff == bound[i])
             other = names[int(j[0])] if j.size and bound[i] != cd_offset else "the central directory"
             raise self._fail(f"record overlaps {other}", record=names[i])
-        rlen = len(root)
         self.root = root
-        self._rows = {n[rlen:]: i for i, n in enumerate(names)}
-        self._raw_names = raw_names
+        self._rows = rows
         self._hoff, self._csize, self._size, self._bound = hoff, csize, size, bound
         self._method, self._crc, self._flags = hdr["method"].copy(), hdr["crc"].copy(), flags.copy()
         self._size_l: list[int] = size.tolist()
         self._method_l: list[int] = self._method.tolist()
+
+    def _names(self, buf: np.ndarray, name_start: np.ndarray, nlen: np.ndarray, flags: np.ndarray) -> str:
+        """All entry names as one NUL-separated string, gathered and decoded at once."""
+        count = len(nlen)
+        slot = nlen + 1  # each name plus a separator
+        out_start = np.cumsum(slot) - slot
+        idx = np.arange(int(slot.sum()), dtype=np.int64) - np.repeat(out_start, slot) + np.repeat(name_start, slot)
+        idx[out_start + nlen] = len(buf)  # separators read the sentinel 0 appended below
+        joined = np.concatenate([buf, np.zeros(1, np.uint8)])[idx]
+        if np.count_nonzero(joined == 0) != count:
+            bad = next(i for i in range(count) if b"\x00" in self._raw_name(i))
+            raise self._fail("entry name contains a NUL byte", record=_show(self._raw_name(bad)))
+        try:
+            return joined[:-1].tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            return "\x00".join(self._decode_name(self._raw_name(i), int(f)) for i, f in zip(range(count), flags.tolist()))
+
+    def _raw_name(self, i: int) -> bytes:
+        start = self._name_start[i]
+        return self._cd[start : start + self._nlen[i]]
 
     def _entry_positions(self, cd: bytes, buf: np.ndarray, count: int) -> np.ndarray:
         """Start offsets of the entries: found by signature (vectorised) and checked to chain exactly
@@ -473,7 +489,7 @@ class ZipArchive:
             i = self._rows.get(name)
             if i is None:
                 return None
-            rec = ZipRecord(self, name, self._raw_names[i], int(self._hoff[i]), int(self._csize[i]),
+            rec = ZipRecord(self, name, self._raw_name(i), int(self._hoff[i]), int(self._csize[i]),
                             int(self._size[i]), int(self._method[i]), int(self._crc[i]), int(self._flags[i]))
             rec.end_bound = int(self._bound[i])
             self._records[name] = rec
@@ -488,7 +504,7 @@ class ZipArchive:
         i = self._rows.get(name)
         if i is None:
             return None
-        if self._method_l[i] not in (STORED, DEFLATED) or self._raw_names[i].endswith(b"/"):
+        if self._method_l[i] not in (STORED, DEFLATED) or name.endswith("/"):
             return -1
         return self._size_l[i]
 
