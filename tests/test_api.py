@@ -244,7 +244,7 @@ def test_extra_state_is_plain_data(tmp_path):
     assert fresh[0].extra["b"] == "text"
 
 
-@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+@pytest.mark.parametrize("protocol", [1, 2, 3, 4, 5])
 def test_pickle_protocols(tmp_path, protocol):
     sd = {"a": torch.randn(4, 3), "b": {"c": torch.arange(5)[1:], "d": [1.5, "x"]}, "e": b"bytes"}
     p = tmp_path / f"p{protocol}.pth"
