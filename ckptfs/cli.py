@@ -140,6 +140,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         fmt += f" (root {c.get('root')!r}, {c.get('records')} records"
         fmt += f", {c['compressed_records']} compressed" if c.get("compressed_records") else ""
         fmt += ", zip64)" if c.get("zip64") else ")"
+    elif fmt == "legacy":  # the format's own facts (formats.md)
+        fmt += f" stream (torch < 1.6 layout: {c.get('storage_keys', 0)} storages after the pickle)"
+    elif fmt == "torchscript":
+        fmt += f" archive (torch.jit.save; root {c.get('root')!r}, {c.get('code_files', 0)} code files)"
     print(f"format      {fmt}")
     print(f"writer      {info['torch_version_hint']}")
     for name in (".format_version", ".storage_alignment", "version"):
@@ -148,6 +152,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"byteorder   {info['byteorder']}")
     kinds = ", ".join(f"{n} {k}" for k, n in info["tensor_kinds"].items())
     print(f"tensors     {info['tensors']} ({kinds or 'none'}) on {info['storages']} storages")
+    if info.get("composite_tensors"):
+        parts = ", ".join(f"{n} {k}" for k, n in info["composite_tensors"].items())
+        print(f"composite   {parts} (tensors made of the tensors above: sparse, nested, per-channel quantized)")
     print(f"elements    {info['elements']:,}")
     print(f"data        {human(info['tensor_bytes'])}")
     for dt, nb in info["bytes_per_dtype"].items():
@@ -230,8 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                     help="FUSE mount options (allow_other, ...)")
     sp.add_argument("--strict", action="store_true")
-    sp.add_argument("-d", "--debug", action="store_true", default=argparse.SUPPRESS, help="log FUSE calls")
+    sp.add_argument("-d", "--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="log FUSE calls (implies -f unless --log is given)")
     sp.add_argument("--threads", action="store_true", help="serve requests from several threads")
+    sp.add_argument("--log", metavar="FILE", help="the daemon's log (read errors, -d traces); default: syslog")
     sp.set_defaults(func=cmd_mount)
 
     sp = sub.add_parser("umount", help="unmount (also clears a stale mount left by a killed daemon)")

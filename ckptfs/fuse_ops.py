@@ -1,0 +1,344 @@
+"""The FUSE adapter (mfusepy, or fusepy when only that is installed): paths -> nodes, attributes, reads.
+
+It knows only the mount-source interface of :class:`ckptfs.views.CheckpointView` (lookup, node_type,
+size, nlink, listdir, readlink, open -> handle.readinto, xattrs, total_bytes, mtime_ns) and nothing of
+checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's low-level ``read``
+callback so the handle ``preadv``s straight into libfuse's reply buffer (no ``bytes`` object, no memmove).
+
+Everything is read-only: every call that would change something fails with EROFS (the mount is also
+``ro``, so the kernel refuses most of them before they get here). A failing read is logged and returns
+EIO for that request only; the daemon keeps serving.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import itertools
+import logging
+import os
+import stat
+import threading
+from ctypes.util import find_library
+from typing import Any
+
+from .namespace import DIR, FILE, LINK
+
+log = logging.getLogger("ckptfs.mount")
+
+BLKSIZE = 1 << 20  # st_blksize / f_bsize: readers (cat, cp, numpy) use buffers this big
+TIMEOUT = 86400.0  # entry/attr/negative cache timeouts: the tree never changes while mounted
+READ_AHEAD_KB = 16384  # the mount's readahead window, raised when root (1 MiB requests on libfuse3)
+ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+
+_MODES = {DIR: stat.S_IFDIR | 0o555, FILE: stat.S_IFREG | 0o444, LINK: stat.S_IFLNK | 0o777}
+
+
+class FuseUnavailable(Exception):
+    """No usable FUSE binding or library; the message says what to install."""
+
+
+def library_choice() -> str:
+    """Which libfuse to load: CKPTFS_FUSE=2/3 forces one; otherwise libfuse3 when present (1 MiB reads)."""
+    want = os.environ.get("CKPTFS_FUSE", "auto").strip()
+    if os.environ.get("FUSE_LIBRARY_PATH") or os.environ.get("FUSE_LIBRARY_NAME"):
+        return "env"  # the user chose explicitly (mfusepy's own variables)
+    have3, have2 = find_library("fuse3"), find_library("fuse")
+    if want == "3" or want == "auto" and have3:
+        if not have3:
+            raise FuseUnavailable("libfuse3 is not installed: install the fuse3 package "
+                                  "(Debian/Ubuntu: apt install fuse3; Fedora: dnf install fuse3)")
+        return "3"
+    if want in ("2", "auto"):
+        if not have2:
+            raise FuseUnavailable("libfuse is not installed: install the fuse3 package "
+                                  "(Debian/Ubuntu: apt install fuse3; Fedora: dnf install fuse3), or libfuse2")
+        return "2"
+    raise FuseUnavailable(f"CKPTFS_FUSE={want!r}: expected 2, 3 or auto")
+
+
+def load_fuse() -> Any:
+    """Import the binding with the chosen libfuse. Must run before anything else imports mfusepy."""
+    choice = library_choice()
+    if choice in ("2", "3"):
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3" if choice == "3" else "fuse"
+    try:
+        import mfusepy as fuse  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            import fuse  # type: ignore[import-not-found,no-redef]  # fusepy: libfuse2 only
+        except ImportError:
+            raise FuseUnavailable("the Python package mfusepy is missing: pip install mfusepy") from None
+        except OSError as e:
+            raise FuseUnavailable(f"fusepy cannot load libfuse2 ({e}): install libfuse2, or pip install "
+                                  "mfusepy (which uses libfuse3)") from None
+    except OSError as e:
+        raise FuseUnavailable(f"cannot load libfuse ({e}): install the fuse3 package") from None
+    except AttributeError as e:  # mfusepy refuses a library version it cannot drive
+        raise FuseUnavailable(f"unusable libfuse: {e}") from None
+    if choice == "3" and fuse_major(fuse) != 3:
+        raise FuseUnavailable("libfuse3 is installed but the binding loaded libfuse2 (fusepy supports only "
+                              "libfuse2): pip install mfusepy")
+    return fuse
+
+
+def fuse_major(fuse: Any) -> int:
+    return int(getattr(fuse, "fuse_version_major", 2))
+
+
+def library_version(fuse: Any) -> str:
+    return f"{fuse_major(fuse)}.{getattr(fuse, 'fuse_version_minor', '?')}"
+
+
+class Operations:
+    """The filesystem: every callback resolves a path to a node of the mount source."""
+
+    use_ns = True  # times in nanoseconds (mfusepy)
+
+    def __init__(self, source: Any, fuse: Any, *, uid: int | None = None, gid: int | None = None,
+                 mountpoint: str | None = None, read_ahead_kb: int = READ_AHEAD_KB) -> None:
+        self.source = source
+        self._fuse = fuse
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self.mtime = source.mtime_ns
+        self.mountpoint = mountpoint
+        self.read_ahead_kb = read_ahead_kb
+        self.handles: dict[int, Any] = {}
+        self._fh = itertools.count(1)
+        self._paths: dict[str, int] = {}  # path -> node, filled on lookup
+        self.ready = threading.Event()
+        self.on_init: list = []  # callables run once the kernel has sent INIT (the mount exists)
+        self.errors = 0
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _err(self, code: int) -> Exception:
+        return self._fuse.FuseOSError(code)
+
+    def _node(self, path: str) -> int:
+        node = self._paths.get(path)
+        if node is None:
+            node = self.source.lookup(path[1:] if path.startswith("/") else path)
+            if node is None:
+                raise self._err(errno.ENOENT)
+            if len(self._paths) > 200_000:
+                self._paths.clear()
+            self._paths[path] = node
+        return node
+
+    def attrs(self, node: int) -> dict[str, int]:
+        typ = self.source.node_type(node)
+        size = self.source.size(node)
+        t = self.mtime
+        return {
+            "st_mode": _MODES[typ], "st_ino": node + 1, "st_nlink": self.source.nlink(node), "st_size": size,
+            "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
+            "st_blocks": (size + 511) // 512, "st_blksize": BLKSIZE,
+        }
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def init(self, path: str) -> None:
+        log.debug("init: mounted at %s", self.mountpoint)
+        self.ready.set()
+        for fn in self.on_init:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - never fail INIT
+                log.exception("init hook failed")
+        if self.mountpoint and self.read_ahead_kb and os.geteuid() == 0:
+            threading.Thread(target=self._raise_read_ahead, name="ckptfs-readahead", daemon=True).start()
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        self.init("/")
+
+    def _raise_read_ahead(self) -> None:
+        """Raise the bdi readahead of this mount (the kernel caps it at INIT, so wait until the mount
+        answers): libfuse3 then gets 1 MiB read requests instead of 128 KiB."""
+        try:
+            dev = os.stat(self.mountpoint).st_dev  # type: ignore[arg-type]
+            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+            with open(path, "w") as f:
+                f.write(str(self.read_ahead_kb))
+            log.debug("read_ahead_kb=%d for %s", self.read_ahead_kb, path)
+        except OSError as e:
+            log.debug("could not raise read_ahead_kb: %s", e)
+
+    def destroy(self, path: str) -> None:
+        log.debug("destroy: unmounting %s", self.mountpoint)
+
+    # --- metadata -------------------------------------------------------------------------------------
+    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        return self.attrs(self._node(path))
+
+    def access(self, path: str, amode: int) -> int:
+        self._node(path)
+        if amode & os.W_OK:
+            raise self._err(errno.EROFS)
+        return 0
+
+    def opendir(self, path: str) -> int:
+        if self.source.node_type(self._node(path)) != DIR:
+            raise self._err(errno.ENOTDIR)
+        return 0
+
+    def readdir(self, path: str, fh: Any) -> list:
+        node = self._node(path)
+        src = self.source
+        if src.node_type(node) != DIR:
+            raise self._err(errno.ENOTDIR)
+        parent = src.parent(node) if node else node
+        out: list = [(".", {"st_mode": _MODES[DIR], "st_ino": node + 1}, 0),  # d_ino 0 would hide them
+                     ("..", {"st_mode": _MODES[DIR], "st_ino": parent + 1}, 0)]
+        for name, child in src.listdir(node):
+            out.append((name, {"st_mode": _MODES[src.node_type(child)], "st_ino": child + 1}, 0))
+        return out
+
+    def readlink(self, path: str) -> str:
+        node = self._node(path)
+        if self.source.node_type(node) != LINK:
+            raise self._err(errno.EINVAL)
+        return self.source.readlink(node)
+
+    def statfs(self, path: str) -> dict[str, int]:
+        total = self.source.total_bytes()
+        return {"f_bsize": BLKSIZE, "f_frsize": 4096, "f_blocks": (total + 4095) // 4096, "f_bfree": 0,
+                "f_bavail": 0, "f_files": len(self.source), "f_ffree": 0, "f_favail": 0, "f_namemax": 255}
+
+    def listxattr(self, path: str) -> list[str]:
+        return list(self.source.xattrs(self._node(path)))
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        node = self._node(path)
+        if not name.startswith("user.ckptfs."):
+            raise self._err(ENOATTR)
+        value = self.source.xattrs(node).get(name)
+        if value is None:
+            raise self._err(ENOATTR)
+        return value
+
+    # --- reading --------------------------------------------------------------------------------------
+    def open(self, path: str, flags: int) -> int:
+        node = self._node(path)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+            raise self._err(errno.EROFS)
+        typ = self.source.node_type(node)
+        if typ == DIR:
+            raise self._err(errno.EISDIR)
+        try:
+            handle = self.source.open(node)
+        except Exception as e:  # noqa: BLE001 - a stale or broken checkpoint: this file only
+            self.errors += 1
+            log.error("open %s: %s", path, e)
+            raise self._err(errno.EIO) from None
+        fh = next(self._fh)
+        self.handles[fh] = (handle, path)
+        return fh
+
+    def read_into(self, fh: int, buf: Any, size: int, offset: int) -> int:
+        """Fill libfuse's buffer ``buf`` (a ctypes pointer) with up to ``size`` bytes from ``offset``."""
+        entry = self.handles.get(fh)
+        if entry is None:
+            return -errno.EBADF
+        if size <= 0:
+            return 0
+        view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+        try:
+            return entry[0].readinto(view, offset)
+        except Exception as e:  # noqa: BLE001 - EIO for this request; the daemon keeps serving
+            self.errors += 1
+            log.error("read %s [%d, +%d): %s", entry[1], offset, size, e)
+            return -errno.EIO
+        finally:
+            view.release()
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        """Fallback used only by bindings whose low-level read we could not override."""
+        buf = (ctypes.c_char * max(size, 1))()
+        n = self.read_into(fh, ctypes.cast(buf, ctypes.POINTER(ctypes.c_byte)), size, offset)
+        if n < 0:
+            raise self._err(-n)
+        return bytes(buf[:n])
+
+    def release(self, path: str, fh: int) -> int:
+        entry = self.handles.pop(fh, None)
+        if entry is not None:
+            entry[0].close()
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        return 0
+
+    # --- everything that writes: EROFS ---------------------------------------------------------------
+    def _rofs(self, *args: Any, **kwargs: Any) -> int:
+        raise self._err(errno.EROFS)
+
+    chmod = chown = link = mkdir = mknod = rename = rmdir = symlink = truncate = unlink = _rofs
+    utimens = write = setxattr = removexattr = fallocate = _rofs
+
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        raise self._err(errno.EROFS)
+
+
+def make_fuse_class(fuse: Any) -> type:
+    """The binding's FUSE class with a zero-copy ``read``: the handle preadv()s into libfuse's buffer."""
+
+    class ZeroCopyFUSE(fuse.FUSE):  # type: ignore[misc,name-defined]
+        def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:  # noqa: D102
+            return self.operations.read_into(fip.contents.fh, buf, size, offset)
+
+    return ZeroCopyFUSE
+
+
+def traced(ops: Operations) -> Operations:
+    """-d/--debug: log every FUSE call with its arguments and result (or error)."""
+    names = ("getattr", "access", "opendir", "readdir", "readlink", "statfs", "listxattr", "getxattr", "open",
+             "read_into", "release", "chmod", "chown", "link", "mkdir", "mknod", "rename", "rmdir", "symlink",
+             "truncate", "unlink", "utimens", "write", "setxattr", "removexattr", "create", "init", "destroy")
+    for name in names:
+        fn = getattr(ops, name)
+
+        def wrapper(*args: Any, _fn: Any = fn, _name: str = name) -> Any:
+            shown = tuple("<buf>" if type(a).__name__.startswith("LP_") else a for a in args)
+            try:
+                res = _fn(*args)
+            except OSError as e:
+                log.debug("%s%r -> %s", _name, shown, errno.errorcode.get(e.errno or 0, e.errno))
+                raise
+            out = f"[{len(res)} entries]" if isinstance(res, list) and len(res) > 8 else res
+            log.debug("%s%r -> %r", _name, shown, out)
+            return res
+
+        setattr(ops, name, wrapper)
+    return ops
+
+
+def fuse_options(fuse: Any, *, fsname: str, threads: bool, user: dict[str, Any]) -> dict[str, Any]:
+    """Mount options: read-only, cached by the kernel (the source is immutable), our inode numbers, then
+    the user's ``-o`` options (which win)."""
+    opts: dict[str, Any] = {
+        "ro": True, "default_permissions": True, "fsname": fsname, "subtype": "ckptfs", "kernel_cache": True,
+        "use_ino": True, "entry_timeout": TIMEOUT, "attr_timeout": TIMEOUT, "negative_timeout": TIMEOUT,
+    }
+    opts.update(user)
+    if fuse_major(fuse) == 3:
+        opts.pop("nonempty", None)  # libfuse3 always allows it (and rejects the option)
+        opts.pop("big_writes", None)
+    return {"foreground": True, "nothreads": not threads, **opts}
+
+
+def serve(source: Any, mountpoint: str, fuse: Any, *, threads: bool = False, debug: bool = False,
+          fsname: str = "ckptfs", options: dict[str, Any] | None = None,
+          ops: Operations | None = None) -> Operations:
+    """Mount ``source`` at ``mountpoint`` and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP
+    unmount cleanly: libfuse's handlers end the loop and fuse_main unmounts). Returns the operations."""
+    ops = ops or Operations(source, fuse, mountpoint=mountpoint)
+    if debug:
+        traced(ops)
+    kwargs = fuse_options(fuse, fsname=fsname, threads=threads, user=options or {})
+    cls = make_fuse_class(fuse)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cls(ops, mountpoint, **kwargs)
+    return ops

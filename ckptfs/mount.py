@@ -1,0 +1,438 @@
+"""``ckptfs mount`` / ``ckptfs umount``: checks, daemonizing, readiness, stale mounts.
+
+``ckptfs mount SRC MNT`` checks everything it can first (checkpoint, mountpoint, /dev/fuse, libfuse,
+allow_other), indexes the checkpoint, then forks (before any thread is started) and returns only once
+the mount answers, reporting the daemon's error otherwise. ``-f`` serves in the foreground; SIGINT/SIGTERM
+unmount cleanly. ``ckptfs umount MNT`` runs ``fusermount -u`` and, for a stale mount (daemon killed) or a
+busy one, ``fusermount -uz``, and says which happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import logging.handlers
+import os
+import re
+import select
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, NamedTuple
+
+from . import __version__
+from .errors import CkptfsError
+
+log = logging.getLogger("ckptfs.mount")
+
+READY_TIMEOUT = float(os.environ.get("CKPTFS_READY_TIMEOUT", "30"))
+STALE_ERRNOS = (errno.ENOTCONN, errno.ECONNABORTED)
+INSTALL_HINT = "install the fuse3 package (Debian/Ubuntu: apt install fuse3; Fedora: dnf install fuse3)"
+
+
+class MountError(CkptfsError):
+    """Why a mount or unmount cannot be done; one line."""
+
+
+# --- /proc/self/mountinfo -------------------------------------------------------------------------------
+
+
+class MountEntry(NamedTuple):
+    mountpoint: str
+    fstype: str
+    source: str
+    device: str  # major:minor
+
+
+def _unoctal(s: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def mount_entry(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountEntry | None:
+    """The (topmost) mount whose mount point is ``path`` (works for stale mounts, unlike stat)."""
+    path = os.path.realpath(path)
+    found = None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) < 5:
+                    continue
+                if _unoctal(fields[4]) == path:
+                    r = right.split()
+                    found = MountEntry(path, r[0] if r else "?", _unoctal(r[1]) if len(r) > 1 else "?", fields[2])
+    except OSError:
+        return None
+    return found
+
+
+def probe(path: str, timeout: float = 3.0) -> tuple[str, Any]:
+    """stat() the path without hanging on a wedged daemon: ("ok", st) / ("error", errno) / ("hung", None)."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(("ok", os.stat(path)))
+        except OSError as e:
+            result.append(("error", e.errno))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    return result[0] if result else ("hung", None)
+
+
+# --- option parsing and checks ----------------------------------------------------------------------------
+
+
+def parse_options(groups: list[str]) -> dict[str, Any]:
+    """``-o a,b=c -o d`` -> {"a": True, "b": "c", "d": True} (a backslash escapes a comma)."""
+    out: dict[str, Any] = {}
+    for group in groups:
+        for opt in re.split(r"(?<!\\),", group):
+            opt = opt.replace("\\,", ",").strip()
+            if not opt:
+                continue
+            k, eq, v = opt.partition("=")
+            out[k] = v if eq else True
+    return out
+
+
+def check_checkpoint(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise MountError(e.strerror or str(e), file=path) from None
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise MountError("is a directory, not a checkpoint file", file=path)
+    finally:
+        os.close(fd)
+
+
+def check_mountpoint(mnt: str, *, nonempty: bool = False) -> None:
+    kind, st = probe(mnt)
+    if kind == "hung":
+        raise MountError("the mountpoint does not answer (a hung FUSE daemon?): run `ckptfs umount "
+                         f"{mnt}`", file=mnt)
+    if kind == "error":
+        if st in STALE_ERRNOS:
+            raise MountError(f"stale mount (Transport endpoint is not connected; its daemon died): run "
+                             f"`ckptfs umount {mnt}` first", file=mnt)
+        if st == errno.ENOENT:
+            raise MountError("mountpoint does not exist (create it with mkdir)", file=mnt)
+        raise MountError(os.strerror(st), file=mnt)
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError("mountpoint is not a directory", file=mnt)
+    entry = mount_entry(mnt)
+    if entry is not None:
+        raise MountError(f"already mounted ({entry.fstype} from {entry.source}): run `ckptfs umount {mnt}` "
+                         "first", file=mnt)
+    if not nonempty and os.listdir(mnt):
+        raise MountError("mountpoint is not empty (mount on an empty directory, or pass -o nonempty)", file=mnt)
+    if os.geteuid() != 0 and not os.access(mnt, os.W_OK):
+        raise MountError("no write permission on the mountpoint (fusermount requires it)", file=mnt)
+
+
+def user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
+    try:
+        with open(conf) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def check_fuse(options: dict[str, Any], *, device: str = "/dev/fuse", euid: int | None = None,
+               conf: str = "/etc/fuse.conf") -> Any:
+    """/dev/fuse, libfuse, fusermount (non-root) and allow_other: the binding module, or MountError."""
+    from .fuse_ops import FuseUnavailable, fuse_major, load_fuse
+
+    euid = os.geteuid() if euid is None else euid
+    if not os.path.exists(device):
+        raise MountError(f"FUSE is not available: {device} is missing (load the module: sudo modprobe fuse; "
+                         "in a container: --device /dev/fuse --cap-add SYS_ADMIN)")
+    if euid == 0 and not os.access(device, os.R_OK | os.W_OK):
+        raise MountError(f"FUSE is not available: cannot open {device} (permission denied)")
+    try:
+        fuse = load_fuse()
+    except FuseUnavailable as e:
+        raise MountError(str(e)) from None
+    if euid != 0:
+        tool = "fusermount3" if fuse_major(fuse) == 3 else "fusermount"
+        if shutil.which(tool) is None and not os.path.exists(f"/usr/bin/{tool}"):
+            raise MountError(f"{tool} is missing (non-root mounts need it): {INSTALL_HINT}")
+        for opt in ("allow_other", "allow_root"):
+            if options.get(opt) and not user_allow_other(conf):
+                raise MountError(f"-o {opt} needs a line 'user_allow_other' in {conf} (add it as root), or "
+                                 "mount as root")
+    return fuse
+
+
+def _fsname(path: str) -> str:
+    return path if re.fullmatch(r"[^,\s\\]+", path) else "ckptfs"
+
+
+# --- logging ------------------------------------------------------------------------------------------------
+
+
+def _setup_logging(debug: bool, logfile: str | None, foreground: bool) -> None:
+    handlers: list[logging.Handler] = []
+    fmt = logging.Formatter(f"ckptfs[%(process)d]: %(levelname)s %(message)s")
+    if logfile:
+        handlers.append(logging.FileHandler(logfile))
+    elif foreground:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    elif os.path.exists("/dev/log"):
+        try:
+            h = logging.handlers.SysLogHandler("/dev/log")
+            h.ident = "ckptfs: "
+            handlers.append(h)
+        except OSError:
+            pass
+    for h in handlers:
+        h.setFormatter(fmt)
+    level = logging.DEBUG if debug else logging.INFO
+    for name in ("ckptfs", "fuse"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = handlers or [logging.NullHandler()]
+        lg.setLevel(level if name == "ckptfs" else (logging.DEBUG if debug else logging.WARNING))
+        lg.propagate = False
+
+
+# --- mount ----------------------------------------------------------------------------------------------------
+
+
+def mount_command(args: argparse.Namespace) -> int:
+    src = os.path.abspath(args.checkpoint)
+    mnt = os.path.realpath(args.mountpoint)
+    debug = bool(getattr(args, "debug", False))
+    foreground = bool(args.foreground or debug and not getattr(args, "log", None))
+    options = parse_options(args.options)
+    if options.get("direct_io"):
+        print("ckptfs: warning: -o direct_io makes np.memmap on the mount fail (ENODEV) and disables the "
+              "page cache", file=sys.stderr)
+    if options.get("rw"):
+        raise MountError("the mount is read-only; -o rw is not possible")
+    check_checkpoint(src)
+    check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
+    fuse = check_fuse(options)
+
+    from . import open as ckpt_open
+    from .views import CheckpointView
+
+    ckpt = ckpt_open(src, strict=args.strict)
+    view = CheckpointView(ckpt)
+    threads = bool(getattr(args, "threads", False))
+    logfile = os.path.abspath(args.log) if getattr(args, "log", None) else None
+
+    def run() -> None:
+        from .fuse_ops import Operations, library_version, serve
+
+        _setup_logging(debug, logfile, foreground)
+        info = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt, "libfuse": library_version(fuse),
+                "threads": threads, "options": options, "ckptfs": __version__}
+        view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
+        ops = Operations(view, fuse, mountpoint=mnt)
+        if not foreground:
+            ops.on_init.append(_detach_stderr(logfile))
+        log.info("mounting %s at %s (libfuse %s, %s)", src, mnt, library_version(fuse),
+                 "multi-threaded" if threads else "single-threaded")
+        try:
+            serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=options, ops=ops)
+        except RuntimeError as e:  # fuse_main failed; libfuse printed why on stderr
+            raise MountError(f"mount failed (libfuse error {e})", file=mnt) from None
+        log.info("unmounted %s (%d read errors)", mnt, ops.errors)
+
+    if foreground:
+        run()
+        ckpt.close()
+        return 0
+    return _daemonize(run, mnt)
+
+
+def _detach_stderr(logfile: str | None) -> Any:
+    """Once mounted, the daemon's stderr (the pipe the parent reads) goes to the log file or /dev/null:
+    the parent sees EOF and checks that the mount answers."""
+
+    def detach() -> None:
+        fd = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if logfile else \
+            os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    return detach
+
+
+def _daemonize(run: Any, mnt: str) -> int:
+    before = os.stat(mnt).st_dev
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon: no thread has been started in this process
+        code = 1
+        try:
+            os.close(r)
+            os.setsid()
+            os.chdir("/")
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.dup2(w, 2)  # libfuse's and our startup errors reach the parent
+            os.close(null)
+            os.close(w)
+            run()
+            code = 0
+        except CkptfsError as e:
+            os.write(2, f"{e}\n".encode(errors="replace"))
+        except BaseException as e:  # noqa: BLE001 - report, never return into the parent's code
+            os.write(2, f"{type(e).__name__}: {e}\n".encode(errors="replace"))
+        finally:
+            os._exit(code)
+    os.close(w)
+    return _wait_ready(pid, r, mnt, before)
+
+
+def _wait_ready(pid: int, r: int, mnt: str, before_dev: int) -> int:
+    """Wait for the daemon's stderr pipe to close (mounted, or failed), then for the mount to answer."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    chunks: list[bytes] = []
+    eof = False
+    while time.monotonic() < deadline:
+        if not eof:
+            ready, _, _ = select.select([r], [], [], 0.05)
+            if ready:
+                data = os.read(r, 65536)
+                if data:
+                    chunks.append(data)
+                    continue
+                eof = True
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            os.close(r)
+            return _report_failure(b"".join(chunks), status, mnt)
+        if eof:
+            kind, st = probe(mnt, timeout=max(0.1, deadline - time.monotonic()))
+            if kind == "ok" and st.st_dev != before_dev:
+                os.close(r)
+                return 0
+            time.sleep(0.01)
+    os.close(r)
+    raise MountError(f"the daemon (pid {pid}) did not make the mount answer within {READY_TIMEOUT:.0f} s; "
+                     f"`ckptfs umount {mnt}` clears it", file=mnt)
+
+
+def _report_failure(output: bytes, status: int, mnt: str) -> int:
+    text = output.decode(errors="replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    msg = "; ".join(dict.fromkeys(lines)) or f"the daemon exited with status {os.waitstatus_to_exitcode(status)}"
+    if "user_allow_other" in msg:
+        msg += " (add a line 'user_allow_other' to /etc/fuse.conf as root)"
+    print(f"ckptfs: {msg}", file=sys.stderr)
+    return 1
+
+
+# --- umount ---------------------------------------------------------------------------------------------------
+
+
+def _fusermount() -> str | None:
+    for tool in ("fusermount3", "fusermount"):
+        path = shutil.which(tool)
+        if path:
+            return path
+    return None
+
+
+def _run(cmd: list[str]) -> tuple[int, str]:
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    return p.returncode, " ".join((p.stderr or p.stdout).split())
+
+
+def _umount2(path: str, lazy: bool) -> tuple[int, str]:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(path), 2 if lazy else 0) == 0:
+        return 0, ""
+    e = ctypes.get_errno()
+    return e, os.strerror(e)
+
+
+def _daemon_pid(mnt: str) -> int | None:
+    """The daemon's pid from /.ckptfs/mount.json (read with a timeout: never hang on a wedged daemon)."""
+    out: list = []
+
+    def read() -> None:
+        try:
+            with open(os.path.join(mnt, ".ckptfs", "mount.json")) as f:
+                out.append(int(json.load(f)["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(2.0)
+    return out[0] if out else None
+
+
+def _wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        try:  # our own child (tests, -f runs in-process) must be reaped to disappear
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def umount_command(args: argparse.Namespace) -> int:
+    mnt = os.path.realpath(args.mountpoint)
+    entry = mount_entry(mnt)
+    if entry is None:
+        kind, err = probe(mnt)
+        if kind == "error" and err == errno.ENOENT:
+            raise MountError("no such directory", file=mnt)
+        raise MountError("not mounted", file=mnt)
+    if not entry.fstype.startswith("fuse"):
+        raise MountError(f"is a {entry.fstype} mount, not a FUSE mount (use umount)", file=mnt)
+    kind, err = probe(mnt)
+    stale = kind == "error" and err in STALE_ERRNOS
+    pid = _daemon_pid(mnt) if kind == "ok" and entry.fstype == "fuse.ckptfs" else None
+    tool = _fusermount()
+    if tool:
+        rc, msg = _run([tool, "-u", mnt])
+    elif os.geteuid() == 0:
+        rc, msg = _umount2(mnt, lazy=False)
+    else:
+        raise MountError(f"fusermount3 is missing: {INSTALL_HINT}", file=mnt)
+    if rc == 0 and mount_entry(mnt) is None:
+        if stale:
+            print(f"ckptfs: {mnt}: cleared a stale mount (its daemon had died)")
+        else:
+            gone = pid is None or _wait_exit(pid, 10.0)
+            print(f"ckptfs: {mnt}: unmounted" + ("" if gone else f" (daemon pid {pid} is still exiting)"))
+        return 0
+    busy = "busy" in msg.lower()
+    if stale or busy or kind == "hung":
+        rc2, msg2 = _run([tool, "-uz", mnt]) if tool else _umount2(mnt, lazy=True)
+        if rc2 == 0:
+            why = "stale" if stale else ("hung" if kind == "hung" else "busy")
+            print(f"ckptfs: {mnt}: lazily detached ({why}: {msg or 'unmount failed'}); it disappears once "
+                  "nothing uses it")
+            return 0
+        msg = msg2 or msg
+    raise MountError(f"unmount failed: {msg or f'exit status {rc}'}", file=mnt)

@@ -1,0 +1,345 @@
+"""The mount's tree as a "mount source": names, kinds, sizes, contents and xattrs of every node.
+
+Built from a :class:`~ckptfs.checkpoint.Checkpoint` (names by :mod:`ckptfs.namespace`); the FUSE adapter
+(:mod:`ckptfs.fuse_ops`) sees only the methods of :class:`CheckpointView` and knows nothing of formats.
+Nodes are ints (0 is the root directory). What each kind of node holds (docs/layout.md):
+
+* a tensor: a file of exactly its logical C-contiguous bytes (``TensorReader``), read on demand;
+* ``<name>.json`` next to tensors, links, opaque objects and non-plain values: the sidecar, ``Meta.to_dict()``
+  plus where the entry is in the mount;
+* a plain value (str, int, float, bool, None, bytes): a small file holding it (str as UTF-8, bytes raw,
+  the others as JSON), no sidecar;
+* a container: a directory; a container met twice: a symlink to the first one;
+* ``/.ckptfs/index.json``: every key with its path, kind, dtype, shape and nbytes.
+
+Only the index and small rendered metadata live in memory: tensor bytes are always read from the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from .dtypes import DTYPES, numpy_dtype
+from .errors import CkptfsError, UnsupportedError
+from .index import CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
+from .meta import Meta, _jsonable
+from .namespace import DIR, FILE, build_tree, sidecar_name
+from .namespace import LINK as NS_LINK
+from .tensors import nbytes
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
+
+__all__ = ["CheckpointView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
+
+PLAIN_LEAVES = (str, int, float, bool, type(None), bytes, bytearray)
+RESERVED_DIR = ".ckptfs"
+INDEX_JSON = "index.json"
+XATTR_PREFIX = "user.ckptfs."
+XATTR_MAX = 64 * 1024  # the kernel's limit for one value
+
+# what a node holds
+_MAIN, _SIDECAR, _INDEX, _INFO = 0, 1, 2, 3
+
+
+class BytesHandle:
+    """An open file whose (small) content is rendered metadata."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        chunk = self.data[offset : offset + len(buf)]
+        buf[: len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        self.data = b""
+
+
+class TensorHandle:
+    """An open tensor file: reads go straight to the checkpoint with pread at absolute offsets.
+
+    ``verify`` (the default) makes each read first check the source file's identity with one fstat, so a
+    checkpoint truncated or rewritten in place while open gives EIO instead of other bytes."""
+
+    __slots__ = ("reader", "fd", "ident", "describe")
+
+    def __init__(self, reader: Any, source: Any, verify: bool) -> None:
+        self.reader = reader
+        fd = getattr(source, "fd", None) if verify else None
+        self.fd = fd
+        self.ident = None
+        if fd is not None:
+            i = source.identity()
+            self.ident = (i.dev, i.inode, i.size, i.mtime_ns)
+            self.describe = source.check_unchanged
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        if self.fd is not None:
+            st = os.fstat(self.fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.ident:
+                self.describe()  # raises StaleSourceError saying what changed
+        return self.reader.readinto(buf, offset)
+
+    def close(self) -> None:
+        self.reader = None
+
+
+class CheckpointView:
+    """The mount source of one checkpoint."""
+
+    def __init__(self, ckpt: "Checkpoint", *, verify_reads: bool = True) -> None:
+        self.ckpt = ckpt
+        self.index = index = ckpt.index
+        self.verify_reads = verify_reads
+        kinds = index.kinds
+        type_of = {TENSOR: FILE, LEAF: FILE, LINK: NS_LINK}
+        types = [type_of.get(k, DIR) for k in kinds]
+        self.tree = tree = build_tree(index.parents, index.names, types, index.order())
+        self.role: dict[int, int] = {}  # nodes that are not a row's main node: sidecars, reserved files
+        self.sidecar_row: dict[int, int] = {}
+        nodes = index.nodes
+        row_node = tree.row_node
+        for r in index.order():
+            k = kinds[r]
+            if k == TENSOR or k == LINK or k == OPAQUE or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES:
+                n = row_node[r]
+                sc = tree.add(tree.parents[n], sidecar_name(tree.names[n]), FILE)
+                self.role[sc] = _SIDECAR
+                self.sidecar_row[sc] = r
+        reserved = tree.add(0, RESERVED_DIR, DIR)
+        self.index_json_node = tree.add(reserved, INDEX_JSON, FILE)
+        self.role[self.index_json_node] = _INDEX
+        self._index_json: bytes | None = None
+        self._info: dict[int, bytes] = {}
+        self._sizes: dict[int, int] = {}
+        self._nlinks: dict[int, int] = {}
+        self._unserved: dict[int, str] = {}  # tensor row -> why its bytes are not served
+        self._total: int | None = None
+        ident = ckpt.source.identity()
+        self.mtime_ns = ident.mtime_ns
+        self._render_sidecar = lru_cache(maxsize=4096)(self._sidecar_bytes)
+
+    # --- structure ----------------------------------------------------------------------------------
+    def lookup(self, path: str) -> int | None:
+        """The node at a '/'-separated path relative to the mount root, or None."""
+        return self.tree.lookup(path.split("/"))
+
+    def node_type(self, node: int) -> int:
+        return self.tree.types[node]
+
+    def listdir(self, node: int) -> list[tuple[str, int]]:
+        """(name, node) of a directory's entries, in checkpoint order."""
+        return list(self.tree.entries[node].items())
+
+    def parent(self, node: int) -> int:
+        return self.tree.parents[node]
+
+    def nlink(self, node: int) -> int:
+        """2 + subdirectories for a directory (what find and du expect), 1 otherwise."""
+        tree = self.tree
+        if tree.types[node] != DIR:
+            return 1
+        n = self._nlinks.get(node)
+        if n is None:
+            types = tree.types
+            n = 2 + sum(1 for c in tree.entries[node].values() if types[c] == DIR)
+            self._nlinks[node] = n
+        return n
+
+    def readlink(self, node: int) -> str:
+        tree = self.tree
+        target_row = self.index.resolve(tree.rows[node])
+        target = tree.path(tree.row_node[target_row])
+        here = tree.path(tree.parents[node])
+        return os.path.relpath(target or ".", here or ".")
+
+    def __len__(self) -> int:
+        return len(self.tree)
+
+    def total_bytes(self) -> int:
+        """Bytes of tensor data (for statfs)."""
+        if self._total is None:
+            nodes = self.index.nodes
+            self._total = sum(nbytes(nodes[r]) for r in self.index.tensors())  # type: ignore[arg-type]
+        return self._total
+
+    # --- content ------------------------------------------------------------------------------------
+    def size(self, node: int) -> int:
+        s = self._sizes.get(node)
+        if s is None:
+            s = self._size(node)
+            self._sizes[node] = s
+        return s
+
+    def _size(self, node: int) -> int:
+        tree = self.tree
+        if tree.types[node] == DIR:
+            return 0
+        if tree.types[node] == NS_LINK:
+            return len(self.readlink(node).encode())
+        data = self._rendered(node)
+        if data is not None:
+            return len(data)
+        reader = self._reader(tree.rows[node])
+        return 0 if reader is None else reader.size
+
+    def _rendered(self, node: int) -> bytes | None:
+        """The content of every file that is not tensor data (None for tensor files)."""
+        role = self.role.get(node, _MAIN)
+        if role == _SIDECAR:
+            return self._render_sidecar(node)
+        if role == _INDEX:
+            return self.index_json()
+        if role == _INFO:
+            return self._info[node]
+        row = self.tree.rows[node]
+        return None if self.index.kinds[row] == TENSOR else self.leaf_bytes(row)
+
+    def _reader(self, row: int) -> Any:
+        """The row's TensorReader, or None when its bytes are not served (the sidecar says why)."""
+        try:
+            return self.ckpt.reader(self.index.keys[row])
+        except CkptfsError as e:
+            self._unserved[row] = e.reason
+            return None
+
+    def open(self, node: int) -> "TensorHandle | BytesHandle":
+        """A handle with ``readinto(buf, offset)``; checks that the checkpoint is unchanged (raises
+        StaleSourceError) before serving tensor bytes."""
+        tree = self.tree
+        if tree.types[node] != FILE:
+            raise IsADirectoryError(tree.path(node))
+        data = self._rendered(node)
+        if data is not None:
+            return BytesHandle(data)
+        reader = self._reader(tree.rows[node])
+        if reader is None:
+            return BytesHandle(b"")
+        source = self.ckpt.source
+        source.check_unchanged()
+        return TensorHandle(reader, source, self.verify_reads)
+
+    def leaf_bytes(self, row: int) -> bytes:
+        """A value's file content: str as UTF-8, bytes raw, anything else as JSON."""
+        v = self.index.nodes[row]
+        if type(v) is str:
+            return v.encode("utf-8", "surrogatepass")
+        if isinstance(v, (bytes, bytearray)):
+            return bytes(v)
+        return _json_bytes(_jsonable(v), indent=None)
+
+    # --- metadata -----------------------------------------------------------------------------------
+    def meta_dict(self, row: int) -> dict[str, Any]:
+        """The sidecar's fields for a row: Meta.to_dict() plus its place in the mount."""
+        d = Meta(self.index, row, self.ckpt.byteorder).to_dict()
+        tree = self.tree
+        d["file"] = tree.path(tree.row_node[row])
+        d["path_repr"] = repr(self.index.path(row))
+        kind = self.index.kinds[row]
+        if kind == TENSOR:
+            d["served"] = self._reader(row) is not None
+            if not d["served"] and not (d.get("error") or d.get("unsupported")):
+                d["error"] = self._unserved.get(row)
+        elif kind == LINK:
+            d["link"] = self.readlink(tree.row_node[row])
+        return d
+
+    def _sidecar_bytes(self, node: int) -> bytes:
+        """One field per line (readable with cat, parsable as JSON)."""
+        d = self.meta_dict(self.sidecar_row[node])
+        lines = [b'  "' + k.encode() + b'": ' + _json_bytes(v) for k, v in d.items()]
+        return b"{\n" + b",\n".join(lines) + b"\n}\n"
+
+    def add_info_file(self, name: str, data: bytes) -> int:
+        """A file under /.ckptfs/ (the mount adds ``mount.json``: daemon pid, options, libfuse)."""
+        tree = self.tree
+        node = tree.add(tree.parents[self.index_json_node], name, FILE)
+        self.role[node] = _INFO
+        self._info[node] = data
+        return node
+
+    def xattrs(self, node: int) -> dict[str, bytes]:
+        """``user.ckptfs.<field>`` for every sidecar field of the node's entry (none for sidecars,
+        split-made directories and the reserved files)."""
+        tree = self.tree
+        if node in self.role or tree.rows[node] < 0:
+            return {}
+        out = {}
+        for k, v in self.meta_dict(tree.rows[node]).items():
+            data = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else _json_bytes(v, indent=None)
+            if len(data) <= XATTR_MAX:
+                out[XATTR_PREFIX + k] = data
+        return out
+
+    def index_json(self) -> bytes:
+        """Every index row (but a container root) with its mount path: key, path, kind, dtype, shape, nbytes."""
+        if self._index_json is None:
+            index, tree = self.index, self.tree
+            entries = []
+            sidecars = {r: tree.path(n) for n, r in self.sidecar_row.items()}
+            for r in index.order():
+                node = tree.row_node[r]
+                if node <= 0:
+                    continue
+                m = Meta(index, r, self.ckpt.byteorder)
+                kind = index.kinds[r]
+                e: dict[str, Any] = {"key": index.keys[r], "path": tree.path(node), "kind": kind}
+                if kind == TENSOR:
+                    e.update(dtype=m.dtype, shape=list(m.shape or ()), nbytes=self.size(node))
+                elif kind == LEAF:
+                    e.update(type=m.type, nbytes=self.size(node))
+                elif kind in CONTAINERS:
+                    e.update(type=m.type or kind, length=m.length)
+                elif kind == LINK:
+                    e.update(target=m.target, link=self.readlink(node))
+                if r in sidecars:
+                    e["sidecar"] = sidecars[r]
+                e["original"] = [_jsonable(p) for p in index.path(r)]
+                entries.append(e)
+            doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.ckpt.name,
+                   "byteorder": self.ckpt.byteorder, "entries": entries}
+            self._index_json = _json_bytes(doc, indent=None, separators=(",", ":")) + b"\n"
+        return self._index_json
+
+
+def _json_bytes(obj: Any, **kw: Any) -> bytes:
+    """UTF-8 JSON; keys with lone surrogates (legal in pickles) fall back to \\u escapes."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, **kw).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, **kw).encode("ascii")
+    except ValueError:  # an int too long for str(): say so instead of failing the file
+        return json.dumps(_jsonable(repr(type(obj))), **kw).encode("ascii")
+
+
+def memmap_from_sidecar(path: str, mode: str = "r") -> Any:
+    """``np.memmap`` of a tensor file with dtype, byte order and shape from its sidecar ``<path>.json``.
+
+    bfloat16 / float8 map through ml_dtypes. Empty tensors give an empty (non-mapped) array, since
+    nothing can be mapped from an empty file."""
+    import numpy as np
+
+    with open(path + ".json", "rb") as f:
+        meta = json.load(f)
+    if meta.get("kind") != "tensor":
+        raise ValueError(f"{path}: not a tensor (its sidecar says kind {meta.get('kind')!r})")
+    if not meta.get("served", True):
+        raise UnsupportedError(meta.get("error") or meta.get("unsupported") or "bytes not served", file=path)
+    dt = DTYPES.get(meta.get("dtype", ""))
+    if dt is None or meta.get("numpy_dtype") is None:
+        raise UnsupportedError(meta.get("numpy_dtype_reason") or f"no numpy dtype for {meta.get('dtype')}",
+                               file=path)
+    dtype = numpy_dtype(dt, meta.get("byteorder") or "little")
+    shape = tuple(meta["shape"])
+    if meta.get("nbytes", 0) == 0:
+        arr = np.empty(shape, dtype=dtype)
+        arr.flags.writeable = False
+        return arr
+    return np.memmap(path, dtype=dtype, mode=mode, shape=shape)
