@@ -12,14 +12,21 @@ import time
 from typing import Any
 
 from .errors import CkptfsError
+from .index import COMPOSITE, TENSOR
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
 
 def _lookup(obj: Any, path: tuple) -> Any:
     """Follow a ckptfs path (original keys) through what torch.load returned."""
+    import torch
+
+    from .torch_compat import part_of
+
     for part in path:
-        if isinstance(obj, dict):
+        if isinstance(obj, torch.Tensor) and isinstance(part, str):  # a part of a sparse / nested / quantized tensor
+            obj = part_of(obj, part)
+        elif isinstance(obj, dict):
             obj = obj[part]
         elif isinstance(obj, (list, tuple)) and type(part) is int:
             obj = obj[part]
@@ -38,9 +45,9 @@ def _torch_bytes(t: Any, byteorder: str) -> bytes:
 
     t = t.detach()
     if t.is_conj():
-        t = t.conj().resolve_conj().conj()  # stored bytes are the un-conjugated data
+        t = t.conj()  # clears the bit: a view of the data as stored (un-conjugated)
     if t.is_neg():
-        t = t.neg().resolve_neg().neg()
+        t = t._neg_view()  # likewise for the negative bit
     t = t.contiguous().cpu()
     if t.numel() == 0:
         return b""
@@ -73,7 +80,7 @@ def run_check(args: argparse.Namespace) -> int:
             hint = "" if args.trust else " (re-run with --trust to let torch run the pickle, if you trust the file)"
             raise CkptfsError(f"torch.load failed: {type(e).__name__}: {msg}{hint}", file=ckpt.name) from None
         index = ckpt.index
-        rows = index.tensors()
+        rows = [i for i in index.order() if index.kinds[i] in (TENSOR, COMPOSITE)]
         show_progress = not args.no_progress and sys.stderr.isatty() and len(rows) > 200
         ok = bad = skipped = 0
         start = time.monotonic()
@@ -87,7 +94,8 @@ def run_check(args: argparse.Namespace) -> int:
                 expected = None
                 problem = "not found in torch.load's result"
             if problem is None:
-                problem = _compare(ckpt, key, meta, expected)
+                compare = _compare_composite if index.kinds[i] == COMPOSITE else _compare
+                problem = compare(ckpt, key, meta, expected)
             if problem == "skip":
                 skipped += 1
                 if args.verbose:
@@ -113,15 +121,61 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if bad else EXIT_OK
 
 
-def _compare(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
+def _compare_composite(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
+    """A sparse / nested / per-channel quantized tensor: its kind and layout (its parts are compared as
+    tensors of their own)."""
     import torch
 
+    if not isinstance(expected, torch.Tensor):
+        return f"torch.load gives a {type(expected).__name__} here, not a tensor"
+    if meta.error:
+        return f"ckptfs refuses it: {meta.error}"
+    extra = meta.extra
+    if meta.tensor_kind == "sparse":
+        if str(expected.layout) != f"torch.{extra.get('layout')}":
+            return f"layout {extra.get('layout')} != torch's {expected.layout}"
+    elif meta.tensor_kind == "nested":
+        if not expected.is_nested or expected.size(0) != meta.shape[0]:
+            return "torch's tensor is not a nested tensor of as many tensors"
+        return None if str(expected.dtype) == f"torch.{meta.dtype}" else f"dtype {meta.dtype} != torch's {expected.dtype}"
+    elif meta.tensor_kind == "quantized":
+        if not expected.is_quantized or str(expected.qscheme()) != f"torch.{extra.get('qscheme')}":
+            return f"qscheme {extra.get('qscheme')} != torch's"
+        if expected.q_per_channel_axis() != extra.get("axis"):
+            return f"axis {extra.get('axis')} != torch's {expected.q_per_channel_axis()}"
+    if str(expected.dtype) != f"torch.{meta.dtype}" or tuple(expected.shape) != tuple(meta.shape):
+        return f"{meta.dtype} {list(meta.shape)} != torch's {expected.dtype} {list(expected.shape)}"
+    return None
+
+
+def _compare(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
+    import numpy as np
+    import torch
+
+    if isinstance(expected, np.ndarray) and meta.tensor_kind == "numpy":
+        if meta.error or meta.unsupported:
+            return "skip" if meta.unsupported else f"ckptfs refuses it: {meta.error}"
+        if tuple(expected.shape) != tuple(meta.shape):
+            return f"shape {list(meta.shape)} != numpy's {list(expected.shape)}"
+        stored = np.ascontiguousarray(expected, dtype=ckpt.numpy(key).dtype)  # numpy may unpickle to native order
+        return None if ckpt.read(key) == stored.tobytes() else "bytes differ from numpy's"
     if not isinstance(expected, torch.Tensor):
         return f"torch.load gives a {type(expected).__name__} here, not a tensor"
     if meta.unsupported:
         return "skip"
     if meta.error:
         return f"ckptfs refuses it: {meta.error}"
+    if meta.tensor_kind in ("meta", "wrapper"):  # no data: the metadata is all there is
+        if str(expected.dtype) != f"torch.{meta.dtype}" or tuple(expected.shape) != tuple(meta.shape):
+            return f"{meta.dtype} {list(meta.shape)} != torch's {expected.dtype} {list(expected.shape)}"
+        if meta.tensor_kind == "meta" and not expected.is_meta:
+            return "torch's tensor is not on the meta device"
+        return None if ckpt.read(key) == b"" else "a tensor without data read as bytes"
+    if meta.tensor_kind == "quantized":
+        extra = meta.extra
+        if not expected.is_quantized or (expected.q_scale(), expected.q_zero_point()) != \
+                (extra.get("scale"), extra.get("zero_point")):
+            return f"scale / zero point {extra.get('scale')} / {extra.get('zero_point')} differ from torch's"
     if str(expected.dtype).removeprefix("torch.") != meta.dtype:
         return f"dtype {meta.dtype} != torch's {expected.dtype}"
     if tuple(expected.shape) != tuple(meta.shape):

@@ -214,9 +214,7 @@ class Checkpoint:
             return arr.reshape(t.shape)
         data = r.read()
         arr = np.frombuffer(data, dtype=dt)
-        if r.inline is not None and not r.contiguous:
-            return arr.reshape(t.shape[::-1]).T  # Fortran-ordered inline array: logical order is C
-        return arr.reshape(t.shape)
+        return arr.reshape(t.shape)  # read() gathers any strided layout (a Fortran-ordered array too) in C order
 
     def file_offset(self, r: TensorReader) -> int | None:
         """Where a tensor's bytes start in the local file when they are one stored range (zero-copy

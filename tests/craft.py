@@ -133,3 +133,57 @@ def to_big_endian(src: Path, dst: Path, itemsizes: dict[str, int]) -> None:
 
 def byteorder() -> str:
     return sys.byteorder
+
+
+def stored_bytes(t: torch.Tensor, order: str = sys.byteorder) -> bytes:
+    """A tensor's C-contiguous content as torch.save stores it: conj / neg views as their underlying
+    data (the bits are metadata), in ``order``."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.conj()  # clears the bit: the stored, un-conjugated data
+    if t.is_neg():
+        t = t._neg_view()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return b""
+    raw = t.reshape(-1).view(torch.uint8).numpy()
+    if order != sys.byteorder and t.element_size() > 1:
+        unit = t.element_size() // (2 if t.is_complex() else 1)
+        raw = raw.reshape(-1, unit)[:, ::-1].reshape(-1)
+    return raw.tobytes()
+
+
+class Reduce:
+    """Pickles as ``fn(*args)``: for rebuild calls torch only writes on other machines (XLA tensors)."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> Any:
+        return (self.fn, self.args)
+
+
+class throwaway_module:
+    """``with throwaway_module("name", source) as mod:`` a real importable module written to a temporary
+    directory (so pickle can name its classes), removed from disk, sys.path and sys.modules on exit: a
+    later unpickler that tried to import it would fail."""
+
+    def __init__(self, name: str, source: str, directory: Path) -> None:
+        self.name, self.source, self.dir = name, source, Path(directory)
+
+    def __enter__(self) -> Any:
+        import importlib
+
+        self.path = self.dir / f"{self.name}.py"
+        self.path.write_text(self.source)
+        sys.path.insert(0, str(self.dir))
+        importlib.invalidate_caches()
+        return importlib.import_module(self.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        import shutil
+
+        sys.path.remove(str(self.dir))
+        sys.modules.pop(self.name, None)
+        self.path.unlink()
+        shutil.rmtree(self.dir / "__pycache__", ignore_errors=True)

@@ -137,7 +137,7 @@ class LegacyStream:
         self.bound = False
         self._main: io.BufferedReader | None = None
         self.main_start, self.sys_info = self._read_header()
-        self.info: dict = {"magic": hex(MAGIC_NUMBER), "protocol_version": PROTOCOL_VERSION,
+        self.info: dict = {"kind": "legacy", "magic": hex(MAGIC_NUMBER), "protocol_version": PROTOCOL_VERSION,
                            "sys_info": self.sys_info, "byteorder": "little", "pickle_offset": self.main_start}
 
     def _fail(self, msg: str, record: str | None = None) -> FormatError:
