@@ -18,13 +18,14 @@ Only the index and small rendered metadata live in memory: tensor bytes are alwa
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import DTYPES, numpy_dtype
 from .errors import CkptfsError, UnsupportedError
-from .index import CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
+from .index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from .meta import Meta, _jsonable
 from .namespace import DIR, FILE, build_tree, sidecar_name
 from .namespace import LINK as NS_LINK
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
 
 PLAIN_LEAVES = (str, int, float, bool, type(None), bytes, bytearray)
+SIDECAR_KINDS = (TENSOR, COMPOSITE, OPAQUE, LINK)  # and values of other types (dtype, device, complex ...)
 RESERVED_DIR = ".ckptfs"
 INDEX_JSON = "index.json"
 XATTR_PREFIX = "user.ckptfs."
@@ -108,7 +110,7 @@ class CheckpointView:
         row_node = tree.row_node
         for r in index.order():
             k = kinds[r]
-            if k == TENSOR or k == LINK or k == OPAQUE or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES:
+            if k in SIDECAR_KINDS or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES:
                 n = row_node[r]
                 sc = tree.add(tree.parents[n], sidecar_name(tree.names[n]), FILE)
                 self.role[sc] = _SIDECAR
@@ -236,16 +238,20 @@ class CheckpointView:
         return _json_bytes(_jsonable(v), indent=None)
 
     # --- metadata -----------------------------------------------------------------------------------
+    def meta(self, row: int) -> Meta:
+        """Meta of the row itself (links not followed)."""
+        return Meta(self.index, row, self.ckpt.byteorder, self.ckpt.container.record_name)
+
     def meta_dict(self, row: int) -> dict[str, Any]:
         """The sidecar's fields for a row: Meta.to_dict() plus its place in the mount."""
-        d = Meta(self.index, row, self.ckpt.byteorder).to_dict()
+        kind = self.index.kinds[row]
+        d = self.meta(row).to_dict()
         tree = self.tree
         d["file"] = tree.path(tree.row_node[row])
         d["path_repr"] = repr(self.index.path(row))
-        kind = self.index.kinds[row]
         if kind == TENSOR:
-            d["served"] = self._reader(row) is not None
-            if not d["served"] and not (d.get("error") or d.get("unsupported")):
+            d["served"] = served = self._reader(row) is not None
+            if not served and not (d.get("error") or d.get("unsupported")):
                 d["error"] = self._unserved.get(row)
         elif kind == LINK:
             d["link"] = self.readlink(tree.row_node[row])
@@ -279,7 +285,8 @@ class CheckpointView:
         return out
 
     def index_json(self) -> bytes:
-        """Every index row (but a container root) with its mount path: key, path, kind, dtype, shape, nbytes."""
+        """Every index row (but a container root) with its mount path: key, path, kind, dtype, shape, nbytes
+        (of the tensor's logical content), size (of its file: 0 when its bytes are not served)."""
         if self._index_json is None:
             index, tree = self.index, self.tree
             entries = []
@@ -288,13 +295,15 @@ class CheckpointView:
                 node = tree.row_node[r]
                 if node <= 0:
                     continue
-                m = Meta(index, r, self.ckpt.byteorder)
+                m = self.meta(r)
                 kind = index.kinds[r]
                 e: dict[str, Any] = {"key": index.keys[r], "path": tree.path(node), "kind": kind}
-                if kind == TENSOR:
-                    e.update(dtype=m.dtype, shape=list(m.shape or ()), nbytes=self.size(node))
-                elif kind == LEAF:
-                    e.update(type=m.type, nbytes=self.size(node))
+                if kind == TENSOR or kind == COMPOSITE:
+                    e.update(dtype=m.dtype, shape=None if m.shape is None else list(m.shape), nbytes=m.nbytes)
+                if kind == TENSOR or kind == LEAF:
+                    e["size"] = self.size(node)
+                if kind == LEAF:
+                    e["type"] = m.type
                 elif kind in CONTAINERS:
                     e.update(type=m.type or kind, length=m.length)
                 elif kind == LINK:
@@ -302,6 +311,7 @@ class CheckpointView:
                 if r in sidecars:
                     e["sidecar"] = sidecars[r]
                 e["original"] = [_jsonable(p) for p in index.path(r)]
+                e["original_repr"] = repr(index.path(r))
                 entries.append(e)
             doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.ckpt.name,
                    "byteorder": self.ckpt.byteorder, "entries": entries}
@@ -322,8 +332,8 @@ def _json_bytes(obj: Any, **kw: Any) -> bytes:
 def memmap_from_sidecar(path: str, mode: str = "r") -> Any:
     """``np.memmap`` of a tensor file with dtype, byte order and shape from its sidecar ``<path>.json``.
 
-    bfloat16 / float8 map through ml_dtypes. Empty tensors give an empty (non-mapped) array, since
-    nothing can be mapped from an empty file."""
+    bfloat16 / float8 map through ml_dtypes. Tensors with no elements give an empty (non-mapped) array,
+    since nothing can be mapped from an empty file; meta tensors (no data) raise UnsupportedError."""
     import numpy as np
 
     with open(path + ".json", "rb") as f:
@@ -338,7 +348,9 @@ def memmap_from_sidecar(path: str, mode: str = "r") -> Any:
                                file=path)
     dtype = numpy_dtype(dt, meta.get("byteorder") or "little")
     shape = tuple(meta["shape"])
-    if meta.get("nbytes", 0) == 0:
+    if os.path.getsize(path) == 0:
+        if math.prod(shape):  # a meta tensor: a shape but no data
+            raise UnsupportedError((meta.get("extra") or {}).get("data") or "the tensor has no data", file=path)
         arr = np.empty(shape, dtype=dtype)
         arr.flags.writeable = False
         return arr
