@@ -76,10 +76,7 @@ def load_fuse() -> Any:
         raise FuseUnavailable(f"cannot load libfuse ({e}): install the fuse3 package") from None
     except AttributeError as e:  # mfusepy refuses a library version it cannot drive
         raise FuseUnavailable(f"unusable libfuse: {e}") from None
-    if choice == "3" and fuse_major(fuse) != 3:
-        raise FuseUnavailable("libfuse3 is installed but the binding loaded libfuse2 (fusepy supports only "
-                              "libfuse2): pip install mfusepy")
-    return fuse
+    return fuse  # (fusepy, or mfusepy imported earlier in this process, may have loaded another libfuse)
 
 
 def fuse_major(fuse: Any) -> int:
@@ -107,8 +104,9 @@ class Operations:
         self.handles: dict[int, Any] = {}
         self._fh = itertools.count(1)
         self._paths: dict[str, int] = {}  # path -> node, filled on lookup
-        self.ready = threading.Event()
-        self.on_init: list = []  # callables run once the kernel has sent INIT (the mount exists)
+        self.ready = threading.Event()  # set once the mount has answered a request
+        self.on_ready: list = []  # callables run then (the daemon detaches its stderr)
+        self.max_read = 0
         self.errors = 0
 
     # --- helpers --------------------------------------------------------------------------------------
@@ -138,25 +136,39 @@ class Operations:
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def init(self, path: str) -> None:
+        """INIT from the kernel: the mount exists. A helper thread waits until it answers a request (our
+        loop runs once init returns), then runs the ``on_ready`` hooks and raises the readahead."""
         log.debug("init: mounted at %s", self.mountpoint)
-        self.ready.set()
-        for fn in self.on_init:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - never fail INIT
-                log.exception("init hook failed")
-        if self.mountpoint and self.read_ahead_kb and os.geteuid() == 0:
-            threading.Thread(target=self._raise_read_ahead, name="ckptfs-readahead", daemon=True).start()
+        if self.mountpoint:
+            threading.Thread(target=self._after_mount, name="ckptfs-ready", daemon=True).start()
+        else:
+            self.ready.set()
 
     def init_with_config(self, conn: Any, config: Any) -> None:
+        if conn is not None and self.max_read and hasattr(conn, "max_read"):
+            conn.max_read = self.max_read  # libfuse3 refuses a max_read option that init does not repeat
         self.init("/")
 
-    def _raise_read_ahead(self) -> None:
-        """Raise the bdi readahead of this mount (the kernel caps it at INIT, so wait until the mount
-        answers): libfuse3 then gets 1 MiB read requests instead of 128 KiB."""
+    def _after_mount(self) -> None:
         try:
             dev = os.stat(self.mountpoint).st_dev  # type: ignore[arg-type]
-            path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        except OSError as e:
+            log.debug("the mount did not come up: %s", e)
+            return
+        self.ready.set()
+        for fn in self.on_ready:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                log.exception("ready hook failed")
+        if self.read_ahead_kb and os.geteuid() == 0:
+            self._raise_read_ahead(dev)
+
+    def _raise_read_ahead(self, dev: int) -> None:
+        """Raise this mount's bdi readahead (the kernel caps it at INIT, so only once the mount answers):
+        libfuse3 then gets 1 MiB read requests instead of 128 KiB."""
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        try:
             with open(path, "w") as f:
                 f.write(str(self.read_ahead_kb))
             log.debug("read_ahead_kb=%d for %s", self.read_ahead_kb, path)

@@ -73,11 +73,14 @@ def mount_entry(path: str, mountinfo: str = "/proc/self/mountinfo") -> MountEntr
 
 
 def probe(path: str, timeout: float = 3.0) -> tuple[str, Any]:
-    """stat() the path without hanging on a wedged daemon: ("ok", st) / ("error", errno) / ("hung", None)."""
+    """statvfs() + stat() the path without hanging on a wedged daemon: ("ok", stat) / ("error", errno) /
+    ("hung", None). statvfs always reaches a FUSE daemon (stat may be answered from the attribute cache),
+    so a dead daemon shows as ENOTCONN."""
     result: list = []
 
     def run() -> None:
         try:
+            os.statvfs(path)
             result.append(("ok", os.stat(path)))
         except OSError as e:
             result.append(("error", e.errno))
@@ -239,14 +242,18 @@ def mount_command(args: argparse.Namespace) -> int:
                 "threads": threads, "options": options, "ckptfs": __version__}
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
         ops = Operations(view, fuse, mountpoint=mnt)
+        ops.max_read = int(options.get("max_read", 0) or 0)
         if not foreground:
-            ops.on_init.append(_detach_stderr(logfile))
+            ops.on_ready.append(_detach_stderr(logfile))
         log.info("mounting %s at %s (libfuse %s, %s)", src, mnt, library_version(fuse),
                  "multi-threaded" if threads else "single-threaded")
         try:
             serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=options, ops=ops)
-        except RuntimeError as e:  # fuse_main failed; libfuse printed why on stderr
-            raise MountError(f"mount failed (libfuse error {e})", file=mnt) from None
+        except RuntimeError as e:  # fuse_main's status: libfuse printed why on stderr
+            if not ops.ready.is_set():
+                raise MountError(f"mount failed (libfuse status {e})", file=mnt) from None
+            # libfuse3 ends its loop with status 8 when a signal stopped it; it has unmounted either way
+            log.info("the FUSE loop ended with libfuse status %s", e)
         log.info("unmounted %s (%d read errors)", mnt, ops.errors)
 
     if foreground:
@@ -257,8 +264,8 @@ def mount_command(args: argparse.Namespace) -> int:
 
 
 def _detach_stderr(logfile: str | None) -> Any:
-    """Once mounted, the daemon's stderr (the pipe the parent reads) goes to the log file or /dev/null:
-    the parent sees EOF and checks that the mount answers."""
+    """Once the mount answers, the daemon's stderr (the pipe the parent reads) goes to the log file or
+    /dev/null: the parent sees EOF and checks that the mount answers."""
 
     def detach() -> None:
         fd = os.open(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if logfile else \
