@@ -26,6 +26,63 @@ class Limits:
     max_small_record: int = 4096
     #: Largest deflated record decompressed whole in memory (bigger ones are inflated in windows).
     max_inflate_whole: int = 64 << 20
+    #: Memory one index build may take (the unpickled objects, then the index): the unpickling child's
+    #: address space grows by at most this much, and the index build stops once the process's
+    #: anonymous resident memory grew by this much.
+    max_memory: int = 768 << 20
+    #: Unpickle in a forked child first (Linux/macOS): a pickle that crashes the C unpickler (a 10^6-deep
+    #: tuple hashed as a dict key), hangs it (a tuple DAG hashed: 2^n steps) or needs more than
+    #: ``max_memory`` fails there, as a clean error, instead of taking the process down.
+    unpickle_probe: bool = True
+    #: Seconds the unpickling child may take: this, plus 1 s per 8 MiB of pickle.
+    max_unpickle_seconds: float = 2.0
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def _pagesize() -> int:
+    try:
+        import os
+
+        return os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4096
+
+
+_PAGE = _pagesize()
+
+
+def memory_now() -> tuple[int, int] | None:
+    """(virtual size, anonymous resident bytes) of this process, from /proc/self/statm (Linux); None
+    where that does not exist. Anonymous = resident minus file-backed/shared pages, so mapped checkpoint
+    pages read through the page cache do not count."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        return int(fields[0]) * _PAGE, (int(fields[1]) - int(fields[2])) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class MemoryGuard:
+    """Raises LimitError once this process's anonymous memory grew by more than ``limit`` bytes since the
+    guard was made. ``check()`` costs one read of /proc/self/statm; call it every few thousand objects."""
+
+    __slots__ = ("limit", "start", "what")
+
+    def __init__(self, limit: int, what: str = "indexing") -> None:
+        self.limit = limit
+        self.what = what
+        now = memory_now()
+        self.start = now[1] if now is not None else None
+
+    def check(self) -> None:
+        if self.start is None:
+            return
+        now = memory_now()
+        if now is not None and now[1] - self.start > self.limit:
+            from .errors import LimitError
+
+            raise LimitError(f"{self.what} needs more than {self.limit >> 20} MiB of memory "
+                             "(raise Limits.max_memory to index it)")

@@ -13,12 +13,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import os
 import pickle
+import select
+import signal
+import time
 from typing import Iterator
 
 from .allowlist import ALLOWED, MODULE_ALIASES
 from .errors import CkptfsError, LimitError, UnsafePickleError
-from .limits import DEFAULT_LIMITS, Limits
+from .limits import DEFAULT_LIMITS, Limits, memory_now
 from .nodes import PersistentId, opaque_class
 
 
@@ -40,6 +44,14 @@ class SafeUnpickler(pickle.Unpickler):
         self.strict = strict
         self.limits = limits
         self.unknown_globals: dict[str, int] = {}  # qualified name -> times referenced
+        self._stream = stream
+        self._size_hint = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
+
+    def load(self) -> object:
+        """Unpickle the next pickle: first in a forked child (see :func:`probe`), then here."""
+        if self.limits.unpickle_probe:
+            probe(self, self._size_hint)
+        return super().load()
 
     def find_class(self, module: str, name: str) -> object:
         module = MODULE_ALIASES.get(module, module)
@@ -79,6 +91,144 @@ def unpickle(data: "bytes | io.BufferedIOBase", *, strict: bool = False, limits:
         raise UnsafePickleError(f"malformed pickle ({type(e).__name__}: {_short(e)})", file=file,
                                 record=record) from None
     return obj, up
+
+
+# --- the probe ---------------------------------------------------------------------------------------------
+#
+# The C unpickler runs code ckptfs cannot interrupt: building a dict or a set hashes its keys, and hashing a
+# tuple recurses into its items with no depth check (a 10^6-deep tuple key overflows the C stack: SIGSEGV)
+# and no caching (a tuple DAG of depth 64 built with the memo takes 2^64 steps). LONG_BINPUT 2^28 makes it
+# allocate and clear a 4 GiB memo array in one opcode. None of this calls back into Python, so no check in
+# find_class, the input stream or a watchdog thread can stop it. So each pickle is first unpickled in a
+# forked child with a capped address space and a deadline; only if the child finishes does this process
+# unpickle it (the same bytes, the same work: bounded by what the child just did).
+
+_OK, _CKPTFS, _MEMORY, _OTHER = b"K", b"E", b"M", b"X"
+
+
+def probe(up: SafeUnpickler, size_hint: int | None) -> None:
+    """Run ``up``'s next load() in a forked child; raise the CkptfsError it would end in (a limit, a
+    crash, a timeout), or return if it finishes (also when it fails in an ordinary way: the real load
+    then raises the same error)."""
+    if not hasattr(os, "fork"):
+        return
+    limits = up.limits
+    if size_hint is None:  # a stream (legacy format): how much it may still hold
+        raw = getattr(up._stream, "raw", None)
+        end, pos = getattr(raw, "end", None), getattr(raw, "pos", None)
+        size_hint = end - pos if isinstance(end, int) and isinstance(pos, int) else limits.max_pickle_bytes
+    timeout = limits.max_unpickle_seconds + size_hint / (8 << 20)
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        raise LimitError(f"cannot fork the unpickling probe ({e.strerror}); Limits(unpickle_probe=False) "
+                         "skips it for trusted files") from None
+    if pid == 0:  # the child: never returns
+        _probe_child(up, r, w)
+    os.close(w)
+    msg = b""
+    status = None
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LimitError(f"unpickling did not finish within {timeout:.1f} s (a tuple whose hashing "
+                                 "explodes? raise Limits.max_unpickle_seconds to wait longer)")
+            ready, _, _ = select.select([r], [], [], left)
+            if ready:
+                break
+        msg = _read_all(r)
+        if msg[:1] in (_OK, _OTHER, _CKPTFS, _MEMORY):
+            _reap_later(pid)  # it answered: do not wait for it to tear down its memory
+        else:
+            status = _reap(pid)
+        pid = 0
+    finally:
+        os.close(r)
+        if pid:  # timed out or interrupted: the child must not outlive us
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(pid)
+    kind, body = msg[:1], msg[1:]
+    if kind == _OK or kind == _OTHER:
+        return
+    if kind == _CKPTFS:
+        name, _, reason = body.partition(b"\0")
+        cls = {"LimitError": LimitError, "UnsafePickleError": UnsafePickleError}.get(name.decode(), CkptfsError)
+        raise cls(reason.decode("utf-8", "backslashreplace"))
+    if kind == _MEMORY:
+        raise LimitError(f"unpickling needs more than {limits.max_memory >> 20} MiB of memory "
+                         "(raise Limits.max_memory to index it)")
+    sig = -status if status is not None and status < 0 else None
+    how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ else \
+        f"status {status}"
+    raise UnsafePickleError(f"the pickle crashes the unpickler ({how}; a tuple nested too deeply to hash?)")
+
+
+def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:
+    code = _OTHER
+    try:
+        os.close(r)
+        now = memory_now()
+        if now is not None:
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            cap = now[0] + up.limits.max_memory
+            if hard != resource.RLIM_INFINITY:
+                cap = min(cap, hard)
+            if soft == resource.RLIM_INFINITY or cap < soft:
+                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        try:
+            with gc_paused():
+                pickle.Unpickler.load(up)
+            code = _OK
+        except CkptfsError as e:
+            code = _CKPTFS + type(e).__name__.encode() + b"\0" + e.reason.encode("utf-8", "backslashreplace")[:2000]
+        except MemoryError:
+            code = _MEMORY
+        except BaseException:  # noqa: BLE001 - the parent's own load raises it again, precisely
+            code = _OTHER
+        os.write(w, code)
+    finally:
+        os._exit(0)
+
+
+def _read_all(fd: int) -> bytes:
+    parts = []
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+
+
+def _reap_later(pid: int) -> None:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if not done:
+        import threading
+
+        threading.Thread(target=_reap, args=(pid,), name="ckptfs-reap", daemon=True).start()
+
+
+def _reap(pid: int) -> int | None:
+    """Wait for the child; its exit code, or -signal; None if it was reaped elsewhere (SIGCHLD ignored)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
 
 
 @contextlib.contextmanager
