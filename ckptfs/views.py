@@ -235,7 +235,9 @@ class CheckpointView:
             return v.encode("utf-8", "surrogatepass")
         if isinstance(v, (bytes, bytearray)):
             return bytes(v)
-        return _json_bytes(_jsonable(v), indent=None)
+        if type(v) in PLAIN_LEAVES:  # int, float (NaN/Infinity as Python's json writes them), bool, None
+            return _json_bytes(v)
+        return _json_bytes(_jsonable(v))
 
     # --- metadata -----------------------------------------------------------------------------------
     def meta(self, row: int) -> Meta:
@@ -325,8 +327,8 @@ def _json_bytes(obj: Any, **kw: Any) -> bytes:
         return json.dumps(obj, ensure_ascii=False, **kw).encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(obj, ensure_ascii=True, **kw).encode("ascii")
-    except ValueError:  # an int too long for str(): say so instead of failing the file
-        return json.dumps(_jsonable(repr(type(obj))), **kw).encode("ascii")
+    except ValueError:  # an int with more digits than str() allows: hexadecimal, as a JSON string
+        return json.dumps(hex(obj) if type(obj) is int else repr(type(obj)), **kw).encode("ascii")
 
 
 def memmap_from_sidecar(path: str, mode: str = "r") -> Any:
