@@ -32,6 +32,8 @@ def _lookup(obj: Any, path: tuple) -> Any:
             obj = obj[part]
         elif isinstance(part, str) and hasattr(obj, "__dict__") and part in vars(obj):
             obj = vars(obj)[part]
+        elif isinstance(part, str) and isinstance(obj, torch.jit.ScriptModule):  # TorchScript attributes
+            obj = getattr(obj, part)
         elif hasattr(obj, "__getitem__"):
             obj = obj[part]
         else:
@@ -74,7 +76,15 @@ def run_check(args: argparse.Namespace) -> int:
             kwargs: dict = {"map_location": "cpu", "weights_only": not args.trust}
             if ckpt.format == "zip":
                 kwargs["mmap"] = True
-            ref = torch.load(args.checkpoint, **kwargs)
+            if ckpt.format == "torchscript":
+                if not args.trust:  # torch.load would hand it to torch.jit.load, which runs its code
+                    raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
+                                      "(CVE-2025-32434); re-run with --trust if you trust the file", file=ckpt.name)
+                ref = torch.jit.load(args.checkpoint, map_location="cpu")
+            else:
+                ref = torch.load(args.checkpoint, **kwargs)
+        except CkptfsError:
+            raise
         except Exception as e:  # noqa: BLE001 - torch's refusal is the result here
             msg = " ".join(str(e).split())[:300]
             hint = "" if args.trust else " (re-run with --trust to let torch run the pickle, if you trust the file)"

@@ -18,7 +18,7 @@ from .meta import Meta
 from .nodes import OpaqueObject, PickledOrderedDict, TensorNode
 from .reader import TensorReader
 from .source import ByteSource, open_source
-from .tensors import STRIDED_KINDS, ensure_valid, nbytes, numel, validate_all
+from .tensors import NO_DATA_KINDS, STRIDED_KINDS, ensure_valid, nbytes, numel, validate_all
 from .unpickler import gc_paused, unpickle
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Checkpoint:
             self.container = open_container(self.source, limits)
             data = self.container.pickle_bytes()
             record = self.container.info.get("root", "")
-            record = f"{record}/data.pkl" if self.container.kind == "zip" else "pickle"
+            record = f"{record}/data.pkl" if self.container.kind in ("zip", "torchscript") else "pickle"
             converter = Converter(limits)
             with gc_paused():  # one pause for everything that builds the index (see gc_paused)
                 obj, up = unpickle(data, strict=strict, limits=limits, file=self.name, record=record)
@@ -88,6 +88,12 @@ class Checkpoint:
         """Dotted keys of every tensor and leaf value, in checkpoint order."""
         keys = self.index.keys
         return [keys[i] for i in self.index.leaves()]
+
+    def code_files(self) -> dict[str, bytes]:
+        """A TorchScript archive's sources (``code/**.py``, relative paths -> text bytes); {} otherwise.
+        Read as text only: ckptfs never compiles or runs them."""
+        names = getattr(self.container, "code_files", None)
+        return {n: self.container.read_code(n) for n in names()} if names is not None else {}  # type: ignore[attr-defined]
 
     def tensor_keys(self) -> list[str]:
         keys = self.index.keys
@@ -202,6 +208,9 @@ class Checkpoint:
 
         r = self.reader(key)
         t = r.t
+        if t.kind in NO_DATA_KINDS:  # meta / storage-less wrapper tensors: a shape and a dtype, no data
+            raise UnsupportedError(f"a {t.kind} tensor has no data (its metadata is all there is)", file=self.name,
+                                   record=r.key)
         order = (t.extra or {}).get("byteorder", self.byteorder)
         try:
             dt = numpy_dtype(t.dtype, order)
@@ -266,6 +275,8 @@ class Checkpoint:
 
 def _version_hint(info: dict) -> str:
     """What the records present say about the writer (torch.save added records over versions)."""
+    if info.get("kind") == "torchscript":
+        return f"torch.jit.save (TorchScript archive, version record {info.get('version', '?')})"
     if info.get("kind") == "legacy":
         return "torch < 1.6, or _use_new_zipfile_serialization=False"
     if ".storage_alignment" in info or ".format_version" in info:

@@ -170,6 +170,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- code -------------------------------------------------------------------------------------------------
+
+
+def cmd_code(args: argparse.Namespace) -> int:
+    """A TorchScript archive's sources: the list, or one file's text (read only, never compiled)."""
+    from . import open as ckpt_open
+
+    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+        files = ckpt.code_files()
+    if not files:
+        raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)
+    if args.path is None:
+        for name in files:
+            print(name)
+        return EXIT_OK
+    if args.path not in files:
+        raise CkptfsError(f"no code file {args.path!r} (see `ckptfs code {args.checkpoint}`)", file=ckpt.name)
+    sys.stdout.write(files[args.path].decode("utf-8", "replace"))
+    return EXIT_OK
+
+
 # --- check ------------------------------------------------------------------------------------------------
 
 
@@ -221,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_info)
+
+    sp = sub.add_parser("code", help="list or print a TorchScript archive's code/ sources (never run)")
+    common(sp)
+    sp.add_argument("path", nargs="?", help="a file from the list, e.g. __torch__.py")
+    sp.set_defaults(func=cmd_code)
 
     sp = sub.add_parser("check", help="compare every tensor with torch.load (imports torch)")
     common(sp)

@@ -100,6 +100,15 @@ class Converter:
         self._keep.append(call)
         return out
 
+    def numpy_array(self, arr: NumpyArray) -> "TensorNode | OpaqueObject":
+        """A pickled numpy array as a node, once per array object (a memo may reference one many times)."""
+        aid = id(arr)
+        node = self.done.get(aid)
+        if node is None:
+            node = self.done[aid] = numpy_array_value(arr)
+            self._keep.append(arr)
+        return node  # type: ignore[return-value]
+
     def value(self, v: object) -> object:
         return self.convert(v) if isinstance(v, Call) else v
 
@@ -457,7 +466,10 @@ class Converter:
         data, dt, device, rg = a[0], self.value(a[1]), self.value(a[2]), a[3]
         if type(data) is not NumpyArray:
             return self._bad_call(name, a, f"device tensor data is {_show(data)}, not a numpy array")
-        t = numpy_array_node(data)
+        t = self.numpy_array(data)
+        if not isinstance(t, TensorNode):
+            return self._bad_call(name, a, "device tensor data is a numpy object array")
+        t = t.copy()
         t.requires_grad = rg is True
         t.extra = dict(t.extra or {})
         t.extra["device"] = device.spec if isinstance(device, TorchDevice) else _ascii(device)
@@ -619,7 +631,7 @@ def numpy_code_dtype(code: object) -> tuple[DType | None, str]:
 def numpy_array_node(arr: NumpyArray) -> TensorNode:
     """A numpy array pickled inside the checkpoint: its bytes are in the pickle (served from there)."""
     t = TensorNode("numpy", None, DTYPES["uint8"], (), None, 0)
-    st = arr.state
+    st = getattr(arr, "state", None)  # NEWOBJ can make one without running __init__: slots may be unset
     if not (isinstance(st, tuple) and len(st) == 5):
         t.unsupported = "numpy array with an unrecognised state"
         return t
@@ -627,9 +639,9 @@ def numpy_array_node(arr: NumpyArray) -> TensorNode:
     if not (isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape)):
         t.error = "numpy array with a malformed shape"
         return t
-    code = dt.code if isinstance(dt, NumpyDType) else None
+    code, big = _numpy_dtype_fields(dt)
     dtype, order = numpy_code_dtype(code)
-    if isinstance(dt, NumpyDType) and dt.byteorder == ">":
+    if big:
         order = "big"
     t.shape = shape
     t.extra = {"numpy_dtype": code, "byteorder": order, "fortran_order": bool(is_fortran)}
@@ -662,7 +674,7 @@ def numpy_array_node(arr: NumpyArray) -> TensorNode:
 def numpy_array_value(arr: NumpyArray) -> "TensorNode | OpaqueObject":
     """A pickled numpy array: a tensor served from its inline bytes, or, for an object array (whose items
     are Python objects, perhaps tensors), an opaque ``numpy.ndarray`` whose children are its items."""
-    st = arr.state
+    st = getattr(arr, "state", None)
     if isinstance(st, tuple) and len(st) == 5 and isinstance(st[4], list):
         from .nodes import opaque_class
 
@@ -670,7 +682,7 @@ def numpy_array_value(arr: NumpyArray) -> "TensorNode | OpaqueObject":
         obj = cls.__new__(cls)
         obj.how = "numpy._reconstruct"
         dt = st[2]
-        obj.state = {"shape": st[1], "dtype": dt.code if isinstance(dt, NumpyDType) else _show(dt),
+        obj.state = {"shape": st[1], "dtype": _numpy_dtype_fields(dt)[0] or _show(dt),
                      "fortran_order": bool(st[3])}
         obj.list_items = st[4]
         return obj
@@ -688,11 +700,12 @@ def storage_as_tensor(ref: StorageRef) -> TensorNode:
 
 def numpy_scalar_value(s: NumpyScalar) -> object:
     """The Python value of a pickled numpy scalar, decoded by numpy from its raw bytes."""
-    code = s.dtype.code if isinstance(s.dtype, NumpyDType) else None
+    code, big = _numpy_dtype_fields(getattr(s, "dtype", None))
     dtype, order = numpy_code_dtype(code)
-    if isinstance(s.dtype, NumpyDType) and s.dtype.byteorder == ">":
+    if big:
         order = "big"
-    raw = s.raw.encode("latin-1", "surrogateescape") if isinstance(s.raw, str) else s.raw
+    raw = getattr(s, "raw", None)
+    raw = raw.encode("latin-1", "surrogateescape") if isinstance(raw, str) else raw
     if dtype is None or not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
         return s
     import numpy as np
@@ -700,3 +713,12 @@ def numpy_scalar_value(s: NumpyScalar) -> object:
     from .dtypes import numpy_dtype
 
     return np.frombuffer(raw, dtype=numpy_dtype(dtype, order))[0].item()
+
+
+def _numpy_dtype_fields(dt: object) -> tuple[object, bool]:
+    """(type code, big-endian?) of a pickled numpy dtype; slots NEWOBJ left unset read as missing."""
+    if not isinstance(dt, NumpyDType):
+        return None, False
+    st = getattr(dt, "state", None)
+    big = isinstance(st, tuple) and len(st) > 1 and st[1] == ">"
+    return getattr(dt, "code", None), big

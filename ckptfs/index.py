@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .allowlist import TENSOR_CALLS
-from .convert import Converter, numpy_array_value, numpy_scalar_value, storage_as_tensor
+from .convert import Converter, numpy_scalar_value, storage_as_tensor
 from .errors import LimitError
 from .limits import DEFAULT_LIMITS, Limits
 from .nodes import (
@@ -169,7 +169,7 @@ class Index:
         if isinstance(v, OpaqueObject):
             return OPAQUE, v
         if t is NumpyArray:
-            node = numpy_array_value(v)  # type: ignore[arg-type]
+            node = conv.numpy_array(v)  # type: ignore[arg-type]
             return (TENSOR if type(node) is TensorNode else OPAQUE), node
         if t is NumpyScalar:
             return LEAF, numpy_scalar_value(v)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ from ..errors import FormatError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource
 from .base import Container, Record
+from .torchscript import TorchScriptZip, is_torchscript
 from .torchzip import TorchZip
 from .zip import is_zip
 
@@ -30,7 +31,8 @@ def open_container(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> Conta
     head = source.pread(0, 512)
     kind = sniff(head, source.size)
     if kind == "zip":
-        return TorchZip(source, limits)
+        archive = TorchZip(source, limits)
+        return TorchScriptZip(archive) if is_torchscript(archive) else archive
     if kind == "legacy":
         from .legacy import LegacyStream
 

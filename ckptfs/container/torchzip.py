@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import FormatError, TensorError
+from ..errors import FormatError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource
 from .zip import DEFLATED, STORED, ZipArchive, ZipRecord
@@ -29,6 +29,9 @@ class TorchZip:
     def _pickle_record(self) -> ZipRecord:
         rec = self.archive.get("data.pkl")
         if rec is None:
+            if self.archive.has("model.json"):  # TorchScript before torch 1.4: JSON + protobuf-style tensors
+                raise UnsupportedError("unsupported (TorchScript archive of torch < 1.4: model.json and "
+                                       "tensors/, no data.pkl)", file=self.source.name)
             raise self._fail(f"no {self.archive.root}data.pkl record (not a torch.save archive?)")
         return rec
 
