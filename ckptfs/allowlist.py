@@ -59,6 +59,7 @@ TENSOR_CALLS = {  # (module, name) -> Call subclass; interpreted by ckptfs.conve
     for name in (
         "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
         "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor", "_rebuild_sparse_csr",
+        "_rebuild_sparse_csr_tensor",  # torch 1.10 - 1.13
         "_rebuild_nested_tensor", "_rebuild_meta_tensor_no_storage", "_rebuild_wrapper_subclass",
         "_rebuild_device_tensor_from_numpy", "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_xla_tensor",
         "_rebuild_mkldnn_tensor",

@@ -67,6 +67,7 @@ class Converter:
             U + "_rebuild_meta_tensor_no_storage": self._meta,
             U + "_rebuild_sparse_tensor": self._sparse,
             U + "_rebuild_sparse_csr": self._sparse,
+            U + "_rebuild_sparse_csr_tensor": self._sparse,  # torch 1.10 - 1.13 CSR tensors (gone from torch 2)
             U + "_rebuild_nested_tensor": self._nested,
             U + "_rebuild_wrapper_subclass": self._wrapper,
             U + "_rebuild_device_tensor_from_numpy": self._from_numpy,
