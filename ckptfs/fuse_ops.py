@@ -84,7 +84,9 @@ def fuse_major(fuse: Any) -> int:
 
 
 def library_version(fuse: Any) -> str:
-    return f"{fuse_major(fuse)}.{getattr(fuse, 'fuse_version_minor', '?')}"
+    if not hasattr(fuse, "fuse_version_major"):
+        return "2.x (fusepy)"
+    return f"{fuse.fuse_version_major}.{fuse.fuse_version_minor}"
 
 
 class Operations:
@@ -129,7 +131,7 @@ class Operations:
         size = self.source.size(node)
         t = self.mtime
         return {
-            "st_mode": _MODES[typ], "st_ino": node + 1, "st_nlink": self.source.nlink(node), "st_size": size,
+            "st_mode": _MODES[typ], "st_ino": self.source.inode(node), "st_nlink": self.source.nlink(node), "st_size": size,
             "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
             "st_blocks": (size + 511) // 512, "st_blksize": BLKSIZE,
         }
@@ -199,10 +201,11 @@ class Operations:
         if src.node_type(node) != DIR:
             raise self._err(errno.ENOTDIR)
         parent = src.parent(node) if node else node
-        out: list = [(".", {"st_mode": _MODES[DIR], "st_ino": node + 1}, 0),  # d_ino 0 would hide them
-                     ("..", {"st_mode": _MODES[DIR], "st_ino": parent + 1}, 0)]
+        ino = src.inode
+        out: list = [(".", {"st_mode": _MODES[DIR], "st_ino": ino(node)}, 0),  # d_ino 0 would hide them
+                     ("..", {"st_mode": _MODES[DIR], "st_ino": ino(parent)}, 0)]
         for name, child in src.listdir(node):
-            out.append((name, {"st_mode": _MODES[src.node_type(child)], "st_ino": child + 1}, 0))
+            out.append((name, {"st_mode": _MODES[src.node_type(child)], "st_ino": ino(child)}, 0))
         return out
 
     def readlink(self, path: str) -> str:
@@ -301,6 +304,13 @@ def make_fuse_class(fuse: Any) -> type:
     return ZeroCopyFUSE
 
 
+def _dispatch(self: Operations, op: str, *args: Any) -> Any:
+    fn = getattr(self, op, None)
+    if fn is None:
+        raise self._err(errno.ENOSYS)
+    return fn(*args)
+
+
 def traced(ops: Operations) -> Operations:
     """-d/--debug: log every FUSE call with its arguments and result (or error)."""
     names = ("getattr", "access", "opendir", "readdir", "readlink", "statfs", "listxattr", "getxattr", "open",
@@ -344,6 +354,8 @@ def serve(source: Any, mountpoint: str, fuse: Any, *, threads: bool = False, deb
     """Mount ``source`` at ``mountpoint`` and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP
     unmount cleanly: libfuse's handlers end the loop and fuse_main unmounts). Returns the operations."""
     ops = ops or Operations(source, fuse, mountpoint=mountpoint)
+    if not hasattr(fuse, "fuse_version_major"):  # fusepy dispatches every call through operations(op, *args)
+        ops.__class__ = type("FusepyOperations", (type(ops),), {"__call__": _dispatch})
     if debug:
         traced(ops)
     kwargs = fuse_options(fuse, fsname=fsname, threads=threads, user=options or {})

@@ -297,6 +297,7 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
     cache: dict[object, str] = {}  # str piece / int -> name
     prefix_dirs: dict[tuple[int, str], int] = {}  # (directory, dotted prefix) -> directory
     subdir, place = tree.subdir, tree.place
+    t_names, t_parents, t_types, t_rows, entries = tree.names, tree.parents, tree.types, tree.rows, tree.entries
 
     def name_of(piece: object) -> str:
         t = type(piece)
@@ -336,5 +337,18 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
             nm = name_of(last)
         else:
             nm = name_of(key)
-        place(d, nm, types[r], r)
+        children = entries[d]
+        typ = types[r]
+        if nm in children:
+            place(d, nm, typ, r)  # a collision: the rules
+            continue
+        node = len(t_names)  # Tree.add, inlined: this loop runs once per key
+        t_names.append(nm)
+        t_parents.append(d)
+        t_types.append(typ)
+        t_rows.append(r)
+        if typ == DIR:
+            entries[node] = {}
+        children[nm] = node
+        row_dir[r] = node
     return tree

@@ -27,7 +27,7 @@ from .dtypes import DTYPES, numpy_dtype
 from .errors import CkptfsError, UnsupportedError
 from .index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from .meta import Meta, _jsonable
-from .namespace import DIR, FILE, build_tree, sidecar_name
+from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree
 from .namespace import LINK as NS_LINK
 from .tensors import nbytes
 
@@ -43,8 +43,10 @@ INDEX_JSON = "index.json"
 XATTR_PREFIX = "user.ckptfs."
 XATTR_MAX = 64 * 1024  # the kernel's limit for one value
 
-# what a node holds
-_MAIN, _SIDECAR, _INDEX, _INFO = 0, 1, 2, 3
+# what a node holds, for nodes that are not an index row's own file / directory
+_INDEX, _INFO = 2, 3
+#: Sidecars are not nodes of the tree (half the nodes of a state_dict): the sidecar of node n is n + SIDECAR.
+SIDECAR = 1 << 40
 
 
 class BytesHandle:
@@ -104,17 +106,10 @@ class CheckpointView:
         type_of = {TENSOR: FILE, LEAF: FILE, LINK: NS_LINK}
         types = [type_of.get(k, DIR) for k in kinds]
         self.tree = tree = build_tree(index.parents, index.names, types, index.order())
-        self.role: dict[int, int] = {}  # nodes that are not a row's main node: sidecars, reserved files
-        self.sidecar_row: dict[int, int] = {}
-        nodes = index.nodes
-        row_node = tree.row_node
-        for r in index.order():
-            k = kinds[r]
-            if k in SIDECAR_KINDS or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES:
-                n = row_node[r]
-                sc = tree.add(tree.parents[n], sidecar_name(tree.names[n]), FILE)
-                self.role[sc] = _SIDECAR
-                self.sidecar_row[sc] = r
+        nodes, row_node = index.nodes, tree.row_node
+        self.role: dict[int, int] = {}  # the reserved files
+        self.has_sidecar = {row_node[r] for r, k in enumerate(kinds)  # nodes with a <name>.json
+                            if k in SIDECAR_KINDS or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES}
         reserved = tree.add(0, RESERVED_DIR, DIR)
         self.index_json_node = tree.add(reserved, INDEX_JSON, FILE)
         self.role[self.index_json_node] = _INDEX
@@ -131,22 +126,38 @@ class CheckpointView:
     # --- structure ----------------------------------------------------------------------------------
     def lookup(self, path: str) -> int | None:
         """The node at a '/'-separated path relative to the mount root, or None."""
-        return self.tree.lookup(path.split("/"))
+        parts = path.split("/")
+        tree = self.tree
+        node = tree.lookup(parts)
+        if node is None and parts[-1].endswith(SIDECAR_SUFFIX):
+            main = tree.lookup(parts[:-1] + [parts[-1][: -len(SIDECAR_SUFFIX)]])
+            if main is not None and main in self.has_sidecar:
+                return main + SIDECAR
+        return node
 
     def node_type(self, node: int) -> int:
-        return self.tree.types[node]
+        return FILE if node >= SIDECAR else self.tree.types[node]
+
+    def inode(self, node: int) -> int:
+        return node + 1
 
     def listdir(self, node: int) -> list[tuple[str, int]]:
-        """(name, node) of a directory's entries, in checkpoint order."""
-        return list(self.tree.entries[node].items())
+        """(name, node) of a directory's entries, in checkpoint order (a sidecar after its entry)."""
+        has = self.has_sidecar
+        out = []
+        for name, child in self.tree.entries[node].items():
+            out.append((name, child))
+            if child in has:
+                out.append((name + SIDECAR_SUFFIX, child + SIDECAR))
+        return out
 
     def parent(self, node: int) -> int:
-        return self.tree.parents[node]
+        return self.tree.parents[node % SIDECAR]
 
     def nlink(self, node: int) -> int:
         """2 + subdirectories for a directory (what find and du expect), 1 otherwise."""
         tree = self.tree
-        if tree.types[node] != DIR:
+        if node >= SIDECAR or tree.types[node] != DIR:
             return 1
         n = self._nlinks.get(node)
         if n is None:
@@ -163,7 +174,7 @@ class CheckpointView:
         return os.path.relpath(target or ".", here or ".")
 
     def __len__(self) -> int:
-        return len(self.tree)
+        return len(self.tree) + len(self.has_sidecar)
 
     def total_bytes(self) -> int:
         """Bytes of tensor data (for statfs)."""
@@ -182,9 +193,9 @@ class CheckpointView:
 
     def _size(self, node: int) -> int:
         tree = self.tree
-        if tree.types[node] == DIR:
+        if node < SIDECAR and tree.types[node] == DIR:
             return 0
-        if tree.types[node] == NS_LINK:
+        if node < SIDECAR and tree.types[node] == NS_LINK:
             return len(self.readlink(node).encode())
         data = self._rendered(node)
         if data is not None:
@@ -194,9 +205,9 @@ class CheckpointView:
 
     def _rendered(self, node: int) -> bytes | None:
         """The content of every file that is not tensor data (None for tensor files)."""
-        role = self.role.get(node, _MAIN)
-        if role == _SIDECAR:
-            return self._render_sidecar(node)
+        if node >= SIDECAR:
+            return self._render_sidecar(node - SIDECAR)
+        role = self.role.get(node)
         if role == _INDEX:
             return self.index_json()
         if role == _INFO:
@@ -216,7 +227,7 @@ class CheckpointView:
         """A handle with ``readinto(buf, offset)``; checks that the checkpoint is unchanged (raises
         StaleSourceError) before serving tensor bytes."""
         tree = self.tree
-        if tree.types[node] != FILE:
+        if self.node_type(node) != FILE:
             raise IsADirectoryError(tree.path(node))
         data = self._rendered(node)
         if data is not None:
@@ -259,9 +270,9 @@ class CheckpointView:
             d["link"] = self.readlink(tree.row_node[row])
         return d
 
-    def _sidecar_bytes(self, node: int) -> bytes:
-        """One field per line (readable with cat, parsable as JSON)."""
-        d = self.meta_dict(self.sidecar_row[node])
+    def _sidecar_bytes(self, main: int) -> bytes:
+        """The sidecar of node ``main``: one field per line (readable with cat, parsable as JSON)."""
+        d = self.meta_dict(self.tree.rows[main])
         lines = [b'  "' + k.encode() + b'": ' + _json_bytes(v) for k, v in d.items()]
         return b"{\n" + b",\n".join(lines) + b"\n}\n"
 
@@ -277,7 +288,7 @@ class CheckpointView:
         """``user.ckptfs.<field>`` for every sidecar field of the node's entry (none for sidecars,
         split-made directories and the reserved files)."""
         tree = self.tree
-        if node in self.role or tree.rows[node] < 0:
+        if node >= SIDECAR or node in self.role or tree.rows[node] < 0:
             return {}
         out = {}
         for k, v in self.meta_dict(tree.rows[node]).items():
@@ -292,7 +303,7 @@ class CheckpointView:
         if self._index_json is None:
             index, tree = self.index, self.tree
             entries = []
-            sidecars = {r: tree.path(n) for n, r in self.sidecar_row.items()}
+            has_sidecar = self.has_sidecar
             for r in index.order():
                 node = tree.row_node[r]
                 if node <= 0:
@@ -310,8 +321,8 @@ class CheckpointView:
                     e.update(type=m.type or kind, length=m.length)
                 elif kind == LINK:
                     e.update(target=m.target, link=self.readlink(node))
-                if r in sidecars:
-                    e["sidecar"] = sidecars[r]
+                if node in has_sidecar:
+                    e["sidecar"] = e["path"] + SIDECAR_SUFFIX
                 e["original"] = [_jsonable(p) for p in index.path(r)]
                 e["original_repr"] = repr(index.path(r))
                 entries.append(e)

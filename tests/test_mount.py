@@ -490,6 +490,6 @@ def test_ordered_dict_and_nested_lists(tmp_path, mount):
     p = tmp_path / "o.pth"
     torch.save(sd, p)
     m = mount(p)
-    assert os.listdir(m.path)[:2] == ["b", "a"]  # checkpoint order
+    assert os.listdir(m.path)[:3] == ["b", "b.json", "a"]  # checkpoint order, a sidecar after its file
     assert (m / "a/1/1/k").read_bytes() == b"4" and os.path.getsize(m / "a/1/0") == 12
     assert os.getxattr(m / "a/1", "user.ckptfs.kind") == b"tuple"
