@@ -137,20 +137,10 @@ def byteorder() -> str:
 
 def stored_bytes(t: torch.Tensor, order: str = sys.byteorder) -> bytes:
     """A tensor's C-contiguous content as torch.save stores it: conj / neg views as their underlying
-    data (the bits are metadata), in ``order``."""
-    t = t.detach()
-    if t.is_conj():
-        t = t.conj()  # clears the bit: the stored, un-conjugated data
-    if t.is_neg():
-        t = t._neg_view()
-    t = t.contiguous()
-    if t.numel() == 0:
-        return b""
-    raw = t.reshape(-1).view(torch.uint8).numpy()
-    if order != sys.byteorder and t.element_size() > 1:
-        unit = t.element_size() // (2 if t.is_complex() else 1)
-        raw = raw.reshape(-1, unit)[:, ::-1].reshape(-1)
-    return raw.tobytes()
+    data (the bits are metadata), in ``order`` (what `ckptfs check` compares with, too)."""
+    from ckptfs.check import _torch_bytes
+
+    return _torch_bytes(t, order)
 
 
 class Reduce:
