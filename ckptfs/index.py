@@ -14,7 +14,7 @@ from typing import Callable
 from .allowlist import TENSOR_CALLS
 from .convert import Converter, numpy_scalar_value, storage_as_tensor
 from .errors import LimitError
-from .limits import DEFAULT_LIMITS, Limits
+from .limits import DEFAULT_LIMITS, Limits, MemoryGuard
 from .nodes import (
     Call,
     Inert,
@@ -186,6 +186,11 @@ class Index:
         keep_alive: list[object] = []  # containers whose id() is in `seen` (ids must not be reused)
         depth: dict[int, int] = {}
         max_depth, max_nodes, max_tensors = limits.max_depth, limits.max_nodes, limits.max_tensors
+        max_key_bytes = limits.max_key_bytes
+        key_bytes = 0
+        guard = MemoryGuard(limits.max_memory, "indexing")
+        next_check = 1 << 16  # rows; the memory guard is consulted every 64k new rows
+        dups: dict[str, int] = {}  # key -> next "#n" suffix to try (dedupe stays linear)
         v2 = V2_CALL
         v2_convert = conv.v2
 
@@ -222,6 +227,11 @@ class Index:
             n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
             if first + n_items > max_nodes:
                 raise LimitError(f"more than {max_nodes} objects in the checkpoint")
+            # dotted keys repeat their parent's key: a long key over many children (or nested, memo-shared
+            # long keys) would cost far more memory than the pickle holds
+            if key_bytes + len(prefix) * n_items > max_key_bytes:
+                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all (long keys under "
+                                 f"{n_items} children of {prefix[:60]!r}...)")
             for name, v in items:
                 if type(v) is v2:  # the common case first: a plain tensor
                     kind, node = TENSOR, v2_convert(v)
@@ -230,10 +240,12 @@ class Index:
                 key = prefix + (name if type(name) is str else component(name))
                 row = len(keys)
                 if by_key.setdefault(key, row) != row:
-                    key = _dedupe(key, by_key)
+                    key = _dedupe(key, by_key, dups)
                     by_key[key] = row
                 if kind == TENSOR:
                     n_tensors += 1
+                    if n_tensors > max_tensors:
+                        raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
                 elif kind in CONTAINERS:
                     oid = id(node)
                     target = seen.get(oid)
@@ -254,6 +266,12 @@ class Index:
             nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
             if n_tensors > max_tensors:
                 raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
+            key_bytes += sum(map(len, keys[first:]))
+            if key_bytes > max_key_bytes:
+                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all")
+            if len(keys) >= next_check:
+                guard.check()
+                next_check = len(keys) + (1 << 16)
             i += 1
         self.n_tensors = n_tensors
 
@@ -337,8 +355,11 @@ def _container_info(obj: object) -> object:
     return None
 
 
-def _dedupe(key: str, by_key: dict[str, int]) -> str:
-    n = 2
+def _dedupe(key: str, by_key: dict[str, int], dups: dict[str, int]) -> str:
+    """``key#2``, ``key#3``, ...: the first suffix not taken (remembered per key: 10^5 equal keys, e.g.
+    unknown objects used as dict keys, all named alike, stay linear)."""
+    n = dups.get(key, 2)
     while f"{key}#{n}" in by_key:
         n += 1
+    dups[key] = n + 1
     return f"{key}#{n}"

@@ -12,10 +12,14 @@ class Limits:
     max_pickle_bytes: int = 64 << 20
     #: Deepest container nesting below the root (real checkpoints use < 20).
     max_depth: int = 256
-    #: Objects (containers, leaves, tensors, opaque objects) visited while indexing.
-    max_nodes: int = 4_000_000
-    #: Tensors in one checkpoint.
-    max_tensors: int = 1_000_000
+    #: Objects (containers, leaves, tensors, opaque objects) visited while indexing (each index row costs
+    #: ~250 bytes and ~2 us: 2 M rows stay under ~600 MB and a few seconds).
+    max_nodes: int = 2_000_000
+    #: Total length of all dotted keys (each key repeats its parent's: nested, memo-shared long keys
+    #: would cost far more memory than the pickle holds).
+    max_key_bytes: int = 128 << 20
+    #: Tensors in one checkpoint (the largest real ones hold ~200 k; each costs ~4 us to index).
+    max_tensors: int = 500_000
     #: Entries in a zip central directory.
     max_records: int = 2_000_000
     #: Dimensions of one tensor (torch allows 64 on most builds).
@@ -34,8 +38,9 @@ class Limits:
     #: tuple hashed as a dict key), hangs it (a tuple DAG hashed: 2^n steps) or needs more than
     #: ``max_memory`` fails there, as a clean error, instead of taking the process down.
     unpickle_probe: bool = True
-    #: Seconds the unpickling child may take: this, plus 1 s per 8 MiB of pickle.
-    max_unpickle_seconds: float = 2.0
+    #: Seconds the unpickling child may take: this, plus 1 s per MiB of pickle (C unpickling runs at
+    #: 50-100 MiB/s on torch's pickles, ~3 MiB/s on pickles of a million unknown objects).
+    max_unpickle_seconds: float = 3.0
 
 
 DEFAULT_LIMITS = Limits()

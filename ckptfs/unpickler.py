@@ -117,7 +117,7 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
         raw = getattr(up._stream, "raw", None)
         end, pos = getattr(raw, "end", None), getattr(raw, "pos", None)
         size_hint = end - pos if isinstance(end, int) and isinstance(pos, int) else limits.max_pickle_bytes
-    timeout = limits.max_unpickle_seconds + size_hint / (8 << 20)
+    timeout = limits.max_unpickle_seconds + size_hint / (1 << 20)
     r, w = os.pipe()
     try:
         pid = os.fork()
