@@ -104,6 +104,7 @@ class Operations:
         self.mountpoint = mountpoint
         self.read_ahead_kb = read_ahead_kb
         self.handles: dict[int, Any] = {}
+        self.dirs: dict[int, tuple] = {}  # open directories: fh -> (node, listing or None)
         self._fh = itertools.count(1)
         self._paths: dict[str, int] = {}  # path -> node, filled on lookup
         self.ready = threading.Event()  # set once the mount has answered a request
@@ -191,22 +192,39 @@ class Operations:
         return 0
 
     def opendir(self, path: str) -> int:
-        if self.source.node_type(self._node(path)) != DIR:
+        node = self._node(path)
+        if self.source.node_type(node) != DIR:
             raise self._err(errno.ENOTDIR)
+        fh = next(self._fh)
+        self.dirs[fh] = (node, None)
+        return fh
+
+    def releasedir(self, path: str, fh: int) -> int:
+        self.dirs.pop(fh, None)
         return 0
 
-    def readdir(self, path: str, fh: Any) -> list:
-        node = self._node(path)
-        src = self.source
-        if src.node_type(node) != DIR:
-            raise self._err(errno.ENOTDIR)
-        parent = src.parent(node) if node else node
-        ino = src.inode
-        out: list = [(".", {"st_mode": _MODES[DIR], "st_ino": ino(node)}, 0),  # d_ino 0 would hide them
-                     ("..", {"st_mode": _MODES[DIR], "st_ino": ino(parent)}, 0)]
-        for name, child in src.listdir(node):
-            out.append((name, {"st_mode": _MODES[src.node_type(child)], "st_ino": ino(child)}, 0))
-        return out
+    def listing(self, fh: int) -> list[tuple[str, int]]:
+        """An open directory's entries, "." and ".." first, made once per opendir (readdir comes back
+        for every 4 KiB of entries)."""
+        node, entries = self.dirs.get(fh, (None, None))
+        if node is None:
+            raise self._err(errno.EBADF)
+        if entries is None:
+            src = self.source
+            entries = [(".", node), ("..", src.parent(node) if node else node), *src.listdir(node)]
+            self.dirs[fh] = (node, entries)
+        return entries
+
+    def entry_attrs(self, node: int, plus: bool) -> dict[str, int]:
+        """What a directory entry carries: mode and inode (d_ino 0 would hide the entry), or with ``plus``
+        (READDIRPLUS) every attribute, so that ``ls -l`` needs no LOOKUP per entry."""
+        if plus:
+            return self.attrs(node)
+        return {"st_mode": _MODES[self.source.node_type(node)], "st_ino": self.source.inode(node)}
+
+    def readdir(self, path: str, fh: int) -> list:
+        """All entries at once (libfuse2 / fusepy: they buffer the listing themselves)."""
+        return [(name, self.entry_attrs(child, False), 0) for name, child in self.listing(fh)]
 
     def readlink(self, path: str) -> str:
         node = self._node(path)
@@ -224,6 +242,8 @@ class Operations:
 
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         node = self._node(path)
+        if not name.startswith("user."):  # security.*, system.* (ACLs), trusted.*: not supported here, and
+            raise self._err(errno.EOPNOTSUPP)  # saying so lets ls -l stop asking for every file
         if not name.startswith("user.ckptfs."):
             raise self._err(ENOATTR)
         value = self.source.xattrs(node).get(name)
@@ -301,6 +321,28 @@ def make_fuse_class(fuse: Any) -> type:
         def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:  # noqa: D102
             return self.operations.read_into(fip.contents.fh, buf, size, offset)
 
+        def readdir_fuse_3(self, path: Any, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
+            """Entries from ``offset`` on, each with its offset (so libfuse passes READDIRPLUS attributes to
+            the kernel: with FUSE_FILL_DIR_PLUS and full attributes, ``ls -l`` of a 40k-entry directory
+            needs no LOOKUP per entry), until libfuse's buffer is full."""
+            ops = self.operations
+            plus = bool(flags & 1)  # FUSE_READDIR_PLUS
+            entries = ops.listing(fip.contents.fh)
+            st = fuse.c_stat()
+            size = ctypes.sizeof(st)
+            enc, errors = self.encoding, self.errors
+            for i in range(offset, len(entries)):
+                name, node = entries[i]
+                ctypes.memset(ctypes.byref(st), 0, size)
+                dots = i < 2
+                fuse.set_st_attrs(st, ops.entry_attrs(node, plus and not dots), use_ns=True)
+                fill = 2 if plus and not dots else 0  # FUSE_FILL_DIR_PLUS
+                if filler(buf, name.encode(enc, errors), st, i + 1, fill) != 0:
+                    break
+            return 0
+
+    if fuse_major(fuse) != 3 or not hasattr(fuse, "set_st_attrs"):
+        del ZeroCopyFUSE.readdir_fuse_3
     return ZeroCopyFUSE
 
 
@@ -313,7 +355,7 @@ def _dispatch(self: Operations, op: str, *args: Any) -> Any:
 
 def traced(ops: Operations) -> Operations:
     """-d/--debug: log every FUSE call with its arguments and result (or error)."""
-    names = ("getattr", "access", "opendir", "readdir", "readlink", "statfs", "listxattr", "getxattr", "open",
+    names = ("getattr", "access", "opendir", "releasedir", "listing", "readdir", "readlink", "statfs", "listxattr", "getxattr", "open",
              "read_into", "release", "chmod", "chown", "link", "mkdir", "mknod", "rename", "rmdir", "symlink",
              "truncate", "unlink", "utimens", "write", "setxattr", "removexattr", "create", "init", "destroy")
     for name in names:

@@ -292,7 +292,7 @@ class CheckpointView:
             return {}
         out = {}
         for k, v in self.meta_dict(tree.rows[node]).items():
-            data = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else _json_bytes(v, indent=None)
+            data = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else _json_bytes(v)
             if len(data) <= XATTR_MAX:
                 out[XATTR_PREFIX + k] = data
         return out
@@ -328,18 +328,22 @@ class CheckpointView:
                 entries.append(e)
             doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.ckpt.name,
                    "byteorder": self.ckpt.byteorder, "entries": entries}
-            self._index_json = _json_bytes(doc, indent=None, separators=(",", ":")) + b"\n"
+            self._index_json = _json_bytes(doc, compact=True) + b"\n"
         return self._index_json
 
 
-def _json_bytes(obj: Any, **kw: Any) -> bytes:
-    """UTF-8 JSON; keys with lone surrogates (legal in pickles) fall back to \\u escapes."""
+_UTF8_JSON = json.JSONEncoder(ensure_ascii=False)  # made once: json.dumps with options makes one per call
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_bytes(obj: Any, compact: bool = False) -> bytes:
+    """UTF-8 JSON; strings with lone surrogates (legal in pickles) fall back to \\u escapes."""
     try:
-        return json.dumps(obj, ensure_ascii=False, **kw).encode("utf-8")
+        return (_COMPACT_JSON if compact else _UTF8_JSON).encode(obj).encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(obj, ensure_ascii=True, **kw).encode("ascii")
+        return json.dumps(obj, separators=(",", ":") if compact else None).encode("ascii")
     except ValueError:  # an int with more digits than str() allows: hexadecimal, as a JSON string
-        return json.dumps(hex(obj) if type(obj) is int else repr(type(obj)), **kw).encode("ascii")
+        return json.dumps(hex(obj) if type(obj) is int else repr(type(obj))).encode("ascii")
 
 
 def memmap_from_sidecar(path: str, mode: str = "r") -> Any:

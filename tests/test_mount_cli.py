@@ -241,7 +241,7 @@ def test_debug_logs_fuse_calls(ckpt, mount):
     os.listdir(m / "fc")
     (m / "epoch").read_bytes()
     log = m.log.read_text()
-    assert "readdir('/fc'" in log and "getattr('/epoch'" in log and "read_into(" in log
+    assert "opendir('/fc')" in log and "listing(" in log and "open('/epoch'" in log and "read_into(" in log
 
 
 def test_foreground_debug_writes_to_stderr(ckpt, tmp_path):
@@ -258,7 +258,7 @@ def test_foreground_debug_writes_to_stderr(ckpt, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0 and "getattr('/epoch'" in err and not is_mounted(mnt)
+    assert proc.returncode == 0 and "open('/epoch'" in err and not is_mounted(mnt)
 
 
 # --- the checkpoint changes while mounted ----------------------------------------------------------------------------
