@@ -193,6 +193,16 @@ def test_every_row_gets_exactly_one_safe_path(entries):
             assert got == (str(want) if type(want) is int else want)
 
 
+def test_the_core_never_imports_fuse_or_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, ckptfs, ckptfs.namespace, ckptfs.views, ckptfs.mount, ckptfs.fuse_ops\n"
+            "print(sorted(m for m in sys.modules if 'fuse' in m.replace('fuse_ops', '') or m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_printable_ascii_keys_stay_readable():
     for k in string.ascii_letters + string.digits + "-_ +=!@$^&*()[]{}:;,<>?|~`'\"":
         assert piece_name(k) == k
