@@ -13,7 +13,7 @@ import re
 
 from .allowlist import LEGACY_TENSOR_CALLS, LEGACY_TENSOR_DTYPES
 from .dtypes import DTYPES, UINT8, DType
-from .errors import LimitError
+from .errors import LimitError, brief
 from .limits import DEFAULT_LIMITS, Limits
 from .nodes import (
     BUILT,
@@ -34,14 +34,12 @@ from .nodes import (
 
 U = "torch._utils."
 MAX_CALL_NESTING = 32
+#: Longest size/stride tuple looked at (torch's own limit is 64 dimensions; Limits.max_ndim applies later).
+MAX_DIMS = 1024
 
 
 def _show(v: object, n: int = 80) -> str:
-    try:
-        s = repr(v)
-    except Exception:  # noqa: BLE001 - repr of hostile nesting may fail
-        s = f"<{type(v).__name__}>"
-    return s if len(s) <= n else s[: n - 3] + "..."
+    return brief(v, n)  # bounded: a pickled value may be a memo DAG whose full repr never ends
 
 
 def _ascii(v: object) -> object:
@@ -198,7 +196,10 @@ class Converter:
         shape = _ints(self.value(size))
         strides = _ints(self.value(stride))
         if shape is None:
-            error = error or f"size is {_show(size)}, not a tuple of ints"
+            size = self.value(size)
+            too_many = type(size) in (tuple, list) and len(size) > MAX_DIMS  # type: ignore[arg-type]
+            error = error or (f"{len(size)} dimensions (limit {MAX_DIMS})" if too_many  # type: ignore[arg-type]
+                              else f"size is {_show(size)}, not a tuple of ints")
             shape = ()
         if strides is None:
             error = error or f"stride is {_show(stride)}, not a tuple of ints"
@@ -222,7 +223,7 @@ class Converter:
         if n == 6 or n == 7:
             storage, offset, size, stride, requires_grad = a[0], a[1], a[2], a[3], a[4]
             if type(storage) is PersistentId and type(offset) is int and type(size) is tuple \
-                    and type(stride) is tuple and len(size) == len(stride):
+                    and type(stride) is tuple and len(size) == len(stride) and len(size) <= MAX_DIMS:
                 for x in size:
                     if type(x) is not int:
                         break
@@ -581,7 +582,9 @@ def _opaque_value(name: str, args: tuple) -> OpaqueObject:
 
 
 def _ints(v: object) -> tuple | None:
-    if type(v) is tuple or type(v) is list:
+    """A tuple of ints (sizes, strides), or None. Sequences longer than MAX_DIMS are not looked at: one
+    memo-shared 10^5-item tuple given to 10^4 tensors would otherwise cost 10^9 steps."""
+    if (type(v) is tuple or type(v) is list) and len(v) <= MAX_DIMS:  # type: ignore[arg-type]
         for x in v:  # type: ignore[attr-defined]
             if type(x) is not int:
                 return None

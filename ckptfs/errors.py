@@ -14,6 +14,71 @@ def oneline(s: str) -> str:
     return s.translate(_CONTROL)
 
 
+def brief(v: object, n: int = 80) -> str:
+    """``repr(v)`` cut to ``n`` characters, in bounded time whatever ``v`` is: small values (up to a few
+    thousand items and characters) get their exact repr; a huge one, a 10^6-deep nesting or a memo DAG
+    whose full repr would have 3^59 parts is rendered a few levels and items deep."""
+    if _small(v):
+        try:
+            s = repr(v)
+        except Exception:  # noqa: BLE001 - a repr may refuse (int digit limits, recursion)
+            s = f"<{type(v).__name__}>"
+    else:
+        s = _partial(v, 3)
+    return s if len(s) <= n else s[: max(n - 3, 0)] + "..."
+
+
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+
+
+def _small(v: object, budget: int = 4000) -> bool:
+    stack = [(v, 0)]
+    while stack:
+        x, depth = stack.pop()
+        budget -= 1
+        if budget < 0 or depth > 30:
+            return False
+        if isinstance(x, (str, bytes, bytearray)):
+            budget -= len(x) >> 4
+        elif isinstance(x, int):
+            if x.bit_length() > 4096:
+                return False
+        elif isinstance(x, dict):
+            if len(x) > budget:
+                return False
+            stack.extend((k, depth + 1) for k in x.keys())
+            stack.extend((y, depth + 1) for y in x.values())
+        elif isinstance(x, _CONTAINERS):
+            if len(x) > budget:  # type: ignore[arg-type]
+                return False
+            stack.extend((y, depth + 1) for y in x)  # type: ignore[union-attr]
+    return True
+
+
+def _partial(v: object, levels: int, items: int = 6) -> str:
+    """A bounded rendering: ``levels`` deep, ``items`` per container, strings and ints cut short."""
+    if isinstance(v, (str, bytes, bytearray)):
+        return repr(v[:60]) + ("..." if len(v) > 60 else "")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return repr(v) if v.bit_length() <= 200 else f"<int of {v.bit_length()} bits>"
+    if isinstance(v, _CONTAINERS):
+        if levels <= 0:
+            return f"<{type(v).__name__} of {len(v)}>"  # type: ignore[arg-type]
+        if isinstance(v, dict):
+            parts = [f"{_partial(k, levels - 1)}: {_partial(x, levels - 1)}" for k, x in list(v.items())[:items]]
+            open_, close = "{", "}"
+        else:
+            parts = [_partial(x, levels - 1) for x in list(v)[:items]]  # type: ignore[call-overload]
+            open_, close = {list: ("[", "]"), tuple: ("(", ")")}.get(type(v), ("{", "}"))
+        if len(v) > items:  # type: ignore[arg-type]
+            parts.append(f"... {len(v) - items} more")  # type: ignore[arg-type]
+        return open_ + ", ".join(parts) + close
+    try:
+        return repr(v)[:200]
+    except Exception:  # noqa: BLE001
+        return f"<{type(v).__name__}>"
+
+
 class CkptfsError(Exception):
     """A checkpoint (or a part of it) that ckptfs cannot or will not serve.
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from .allowlist import TENSOR_CALLS
 from .convert import Converter, numpy_scalar_value, storage_as_tensor
-from .errors import LimitError
+from .errors import LimitError, brief
 from .limits import DEFAULT_LIMITS, Limits, MemoryGuard
 from .nodes import (
     Call,
@@ -69,11 +69,7 @@ def component(name: object) -> str:
 def _safe_repr(v: object) -> str:
     if isinstance(v, (Inert, OpaqueObject)) or type(v) in (tuple, frozenset) and len(v) > 16:  # type: ignore[arg-type]
         return f"<{type(v).__name__}>"
-    try:
-        s = repr(v)
-    except Exception:  # noqa: BLE001 - hostile nesting
-        s = f"<{type(v).__name__}>"
-    return s if len(s) <= 256 else s[:253] + "..."
+    return brief(v, 256)  # bounded time: a tuple key may be a memo DAG
 
 
 def opaque_children(obj: OpaqueObject) -> list[tuple[object, object]]:

@@ -6,7 +6,10 @@ every key of a 200k-tensor checkpoint costs little. ``to_dict()`` gives the JSON
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Callable
+
+from .errors import brief
 
 from .index import LEAF, LINK, TENSOR, Index
 from .nodes import (
@@ -277,9 +280,13 @@ def leaf_type(v: object) -> str:
     return type(v).__name__
 
 
-def _jsonable(v: object, depth: int = 0) -> Any:
-    """Best-effort JSON form of metadata values (qparams, flags, python state)."""
-    if depth > 20:
+def _jsonable(v: object, depth: int = 0, budget: list[int] | None = None) -> Any:
+    """Best-effort JSON form of metadata values (qparams, flags, python state). Bounded: at most 20 levels
+    and ~10,000 values in all (a pickled memo DAG would otherwise expand to 3^59 of them)."""
+    if budget is None:
+        budget = [10_000]
+    budget[0] -= 1
+    if depth > 20 or budget[0] < 0:
         return "..."
     if v is None or isinstance(v, (bool, int, str)):
         return v
@@ -288,9 +295,10 @@ def _jsonable(v: object, depth: int = 0) -> Any:
     if isinstance(v, (bytes, bytearray)):
         return {"bytes": len(v)}
     if isinstance(v, dict):
-        return {k if isinstance(k, str) else repr(k): _jsonable(x, depth + 1) for k, x in list(v.items())[:1000]}
+        return {k if isinstance(k, str) else brief(k, 200): _jsonable(x, depth + 1, budget)
+                for k, x in islice(v.items(), 1000)}
     if isinstance(v, (list, tuple, set, frozenset)):
-        return [_jsonable(x, depth + 1) for x in list(v)[:1000]]
+        return [_jsonable(x, depth + 1, budget) for x in islice(v, 1000)]
     if isinstance(v, TensorNode):
         return {"tensor": v.dtype.name, "shape": list(v.shape)}
     if isinstance(v, TorchDType):
@@ -303,4 +311,4 @@ def _jsonable(v: object, depth: int = 0) -> Any:
         return {"opaque": type(v).qualname}
     if isinstance(v, type) and issubclass(v, OpaqueObject):
         return {"global": v.qualname}
-    return repr(v)[:200]
+    return brief(v, 200)
