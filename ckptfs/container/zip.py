@@ -350,7 +350,11 @@ class ZipArchive:
             raise self._fail("empty archive")
         buf = np.frombuffer(cd, dtype=np.uint8)
         pos = self._entry_positions(cd, buf, count)
-        hdr = buf[pos[:, None] + np.arange(CDIR.size)].view(CDIR_DTYPE).reshape(count)
+        # one column at a time: a (count, 46) fancy index would be 368 bytes of int64 indices per entry
+        raw = np.empty((count, CDIR.size), dtype=np.uint8)
+        for k in range(CDIR.size):
+            raw[:, k] = buf[pos + k]
+        hdr = raw.view(CDIR_DTYPE).reshape(count)
         nlen = hdr["nlen"].astype(np.int64)
         name_start = pos + CDIR.size
         size = hdr["size"].astype(np.int64)
@@ -403,11 +407,17 @@ class ZipArchive:
     def _names(self, buf: np.ndarray, name_start: np.ndarray, nlen: np.ndarray, flags: np.ndarray) -> str:
         """All entry names as one NUL-separated string, gathered and decoded at once."""
         count = len(nlen)
-        slot = nlen + 1  # each name plus a separator
-        out_start = np.cumsum(slot) - slot
-        idx = np.arange(int(slot.sum()), dtype=np.int64) - np.repeat(out_start, slot) + np.repeat(name_start, slot)
-        idx[out_start + nlen] = len(buf)  # separators read the sentinel 0 appended below
-        joined = np.concatenate([buf, np.zeros(1, np.uint8)])[idx]
+        padded = np.concatenate([buf, np.zeros(1, np.uint8)])
+        chunks = []
+        step = 1 << 18  # entries per gather: index arrays stay ~tens of MB whatever the directory holds
+        for lo in range(0, count, step):
+            nl, ns = nlen[lo : lo + step], name_start[lo : lo + step]
+            slot = nl + 1  # each name plus a separator
+            out_start = np.cumsum(slot) - slot
+            idx = np.arange(int(slot.sum()), dtype=np.int64) - np.repeat(out_start, slot) + np.repeat(ns, slot)
+            idx[out_start + nl] = len(buf)  # separators read the sentinel 0 appended above
+            chunks.append(padded[idx])
+        joined = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         if np.count_nonzero(joined == 0) != count:
             bad = next(i for i in range(count) if b"\x00" in self._raw_name(i))
             raise self._fail("entry name contains a NUL byte", record=_show(self._raw_name(bad)))
