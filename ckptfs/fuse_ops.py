@@ -1,9 +1,10 @@
 """The FUSE adapter (mfusepy, or fusepy when only that is installed): paths -> nodes, attributes, reads.
 
 It knows only the mount-source interface of :class:`ckptfs.views.CheckpointView` (lookup, node_type,
-size, nlink, listdir, readlink, open -> handle.readinto, xattrs, total_bytes, mtime_ns) and nothing of
-checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's low-level ``read``
-callback so the handle ``preadv``s straight into libfuse's reply buffer (no ``bytes`` object, no memmove).
+inode, parent, size, nlink, listdir, readlink, open -> handle.readinto, xattrs, total_bytes, mtime_ns,
+len) and nothing of checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's
+low-level ``read`` callback so the handle ``preadv``s straight into libfuse's reply buffer (no ``bytes``
+object, no memmove).
 
 Everything is read-only: every call that would change something fails with EROFS (the mount is also
 ``ro``, so the kernel refuses most of them before they get here). A failing read is logged and returns
@@ -19,6 +20,7 @@ import logging
 import os
 import stat
 import threading
+import warnings
 from ctypes.util import find_library
 from typing import Any
 
@@ -128,12 +130,12 @@ class Operations:
         return node
 
     def attrs(self, node: int) -> dict[str, int]:
-        typ = self.source.node_type(node)
-        size = self.source.size(node)
+        src = self.source
+        size = src.size(node)
         t = self.mtime
         return {
-            "st_mode": _MODES[typ], "st_ino": self.source.inode(node), "st_nlink": self.source.nlink(node), "st_size": size,
-            "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
+            "st_mode": _MODES[src.node_type(node)], "st_ino": src.inode(node), "st_nlink": src.nlink(node),
+            "st_size": size, "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
             "st_blocks": (size + 511) // 512, "st_blksize": BLKSIZE,
         }
 
@@ -287,7 +289,8 @@ class Operations:
             view.release()
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        """Fallback used only by bindings whose low-level read we could not override."""
+        """Makes the binding register its read callback; ZeroCopyFUSE.read serves it with read_into (this
+        copying form only runs if a binding calls the operations' read itself)."""
         buf = (ctypes.c_char * max(size, 1))()
         n = self.read_into(fh, ctypes.cast(buf, ctypes.POINTER(ctypes.c_byte)), size, offset)
         if n < 0:
@@ -355,9 +358,10 @@ def _dispatch(self: Operations, op: str, *args: Any) -> Any:
 
 def traced(ops: Operations) -> Operations:
     """-d/--debug: log every FUSE call with its arguments and result (or error)."""
-    names = ("getattr", "access", "opendir", "releasedir", "listing", "readdir", "readlink", "statfs", "listxattr", "getxattr", "open",
-             "read_into", "release", "chmod", "chown", "link", "mkdir", "mknod", "rename", "rmdir", "symlink",
-             "truncate", "unlink", "utimens", "write", "setxattr", "removexattr", "create", "init", "destroy")
+    names = ("getattr", "access", "opendir", "releasedir", "listing", "readdir", "readlink", "statfs", "listxattr",
+             "getxattr", "open", "read_into", "release", "chmod", "chown", "link", "mkdir", "mknod", "rename", "rmdir",
+             "symlink", "truncate", "unlink", "utimens", "write", "setxattr", "removexattr", "create", "init",
+             "destroy")
     for name in names:
         fn = getattr(ops, name)
 
@@ -402,8 +406,6 @@ def serve(source: Any, mountpoint: str, fuse: Any, *, threads: bool = False, deb
         traced(ops)
     kwargs = fuse_options(fuse, fsname=fsname, threads=threads, user=options or {})
     cls = make_fuse_class(fuse)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         cls(ops, mountpoint, **kwargs)

@@ -186,7 +186,7 @@ def _fsname(path: str) -> str:
 
 def _setup_logging(debug: bool, logfile: str | None, foreground: bool) -> None:
     handlers: list[logging.Handler] = []
-    fmt = logging.Formatter(f"ckptfs[%(process)d]: %(levelname)s %(message)s")
+    fmt = logging.Formatter("ckptfs[%(process)d]: %(levelname)s %(message)s")
     if logfile:
         handlers.append(logging.FileHandler(logfile))
     elif foreground:
@@ -230,7 +230,7 @@ def mount_command(args: argparse.Namespace) -> int:
     from .views import CheckpointView
 
     ckpt = ckpt_open(src, strict=args.strict)
-    view = CheckpointView(ckpt)
+    view = CheckpointView(ckpt, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
     threads = bool(getattr(args, "threads", False))
     logfile = os.path.abspath(args.log) if getattr(args, "log", None) else None
 

@@ -98,7 +98,7 @@ class TensorHandle:
 class CheckpointView:
     """The mount source of one checkpoint."""
 
-    def __init__(self, ckpt: "Checkpoint", *, verify_reads: bool = True) -> None:
+    def __init__(self, ckpt: Checkpoint, *, verify_reads: bool = True) -> None:
         self.ckpt = ckpt
         self.index = index = ckpt.index
         self.verify_reads = verify_reads
@@ -223,7 +223,7 @@ class CheckpointView:
             self._unserved[row] = e.reason
             return None
 
-    def open(self, node: int) -> "TensorHandle | BytesHandle":
+    def open(self, node: int) -> TensorHandle | BytesHandle:
         """A handle with ``readinto(buf, offset)``; checks that the checkpoint is unchanged (raises
         StaleSourceError) before serving tensor bytes."""
         tree = self.tree

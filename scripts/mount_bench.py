@@ -65,6 +65,21 @@ def random_reads(path: str, offset: int, size: int, n: int, seed: int = 0) -> li
     return out
 
 
+def parallel_read(path: str, size: int, n: int, offset: int = 0) -> float:
+    """Aggregate GB/s of n processes each reading its own 1/n of the range sequentially."""
+    code = ("import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); b = bytearray(1 << 20); m = memoryview(b)\n"
+            "pos, end = int(sys.argv[2]), int(sys.argv[3])\n"
+            "while pos < end: pos += os.preadv(fd, [m[: min(1 << 20, end - pos)]], pos)\n")
+    part = size // n
+    t = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", code, path, str(offset + i * part), str(offset + (i + 1) * part)])
+             for i in range(n)]
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError("a reader failed")
+    return part * n / (time.perf_counter() - t) / 1e9
+
+
 def memmap_sum(path: str, offset: int, count: int) -> tuple[float, float]:
     t = time.perf_counter()
     a = np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=(count,))
@@ -84,9 +99,9 @@ def data_span(pth: str) -> tuple[int, int]:
     return info.header_offset + 30 + name_len + extra_len, info.file_size
 
 
-def mount(pth: str, mnt: str, *args: str) -> float:
+def mount(pth: str, mnt: str, *args: str, env: dict | None = None) -> float:
     t = time.perf_counter()
-    subprocess.run([*CKPTFS, "mount", pth, mnt, *args], check=True)
+    subprocess.run([*CKPTFS, "mount", pth, mnt, *args], check=True, env=env)
     os.listdir(mnt)
     return time.perf_counter() - t
 
@@ -122,23 +137,27 @@ def main() -> int:
     count = size // 4
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt, exist_ok=True)
-    rows: list[tuple[str, str, str]] = []
-    direct: dict[str, list[float]] = {"cold": [], "warm": [], "mm_cold": [], "mm_warm": []}
+    direct: dict[str, list[float]] = {"cold": [], "warm": [], "mm_cold": [], "mm_warm": [], "src": [], "par": []}
     for _ in range(args.rounds):
         drop(pth)
         direct["cold"].append(seq_read(pth, off, size))
         direct["warm"].append(seq_read(pth, off, size))
+        direct["src"].append(seq_read(pth, off, size))
+        direct["par"].append(parallel_read(pth, size, 4, off))
         drop(pth)
         direct["mm_cold"].append(memmap_sum(pth, off, count)[0])
         direct["mm_warm"].append(memmap_sum(pth, off, count)[0])
     seq_read(pth, off, size)
     lat_direct = random_reads(pth, off, size, args.random)
-    modes = {"both": [False, True], "single": [False], "multi": [True]}[args.threads]
+    configs = {"single-threaded": ([], None), "multi-threaded": (["--threads"], None),
+               "single-threaded, fstat only at open": ([], {**os.environ, "CKPTFS_VERIFY_READS": "0"})}
+    if args.threads != "both":
+        configs = {k: v for k, v in configs.items() if k.startswith(args.threads)}
     results = {}
-    for threads in modes:
-        label = "multi-threaded" if threads else "single-threaded"
-        r: dict[str, list[float]] = {"cold": [], "warm": [], "mm_cold": [], "mm_warm": [], "lat": []}
-        mount(pth, mnt, *(["--threads"] if threads else []))
+    for label, (margs, env) in configs.items():
+        r: dict[str, list[float]] = {"cold": [], "warm": [], "mm_cold": [], "mm_warm": [], "lat": [], "src": [],
+                                     "par": []}
+        mount(pth, mnt, *margs, env=env)
         try:
             f = os.path.join(mnt, "w")
             info = json.load(open(os.path.join(mnt, ".ckptfs", "mount.json")))
@@ -147,6 +166,11 @@ def main() -> int:
                 drop(f)
                 r["cold"].append(seq_read(f, 0, size))
                 r["warm"].append(seq_read(f, 0, size))
+                seq_read(pth, off, size)  # the checkpoint in the page cache, the mount's cache dropped
+                drop(f)
+                r["src"].append(seq_read(f, 0, size))
+                drop(f)
+                r["par"].append(parallel_read(f, size, 4))
                 drop(pth)
                 drop(f)
                 r["mm_cold"].append(memmap_sum(f, 0, count)[0])
@@ -173,8 +197,10 @@ def main() -> int:
         cells = [fmt(results[k][0][key], unit) for k in results]
         print(f"| {name} | {fmt(direct[key], unit)} | " + " | ".join(cells) + " |")
 
-    line("sequential read, cold", "cold")
-    line("sequential read, warm", "warm")
+    line("sequential read, cold (checkpoint and mount caches dropped)", "cold")
+    line("sequential read, mount cache cold, checkpoint in page cache", "src")
+    line("sequential read, warm (mount's page cache)", "warm")
+    line("4 readers on disjoint quarters, aggregate (mount cache cold, checkpoint cached)", "par")
     line("np.memmap(...).sum(), cold", "mm_cold")
     line("np.memmap(...).sum(), warm", "mm_warm")
     q = lambda xs, p: sorted(xs)[int(p * (len(xs) - 1))]  # noqa: E731

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import torch_bytes
+from test_api import ALL_DTYPES, make, views
 
 import ckptfs
 from ckptfs.check import _lookup as lookup
 from ckptfs.check import _torch_bytes as stored_bytes
 from ckptfs.dtypes import DTYPES, numpy_dtype
 from ckptfs.namespace import SIDECAR_SUFFIX
-from helpers import torch_bytes
-from test_api import ALL_DTYPES, make, views
 
 pytestmark = pytest.mark.mount
 
@@ -79,8 +79,8 @@ def build_corpus(d: Path) -> dict[str, Path]:
     save("top_list", [torch.ones(2), {"x": torch.zeros(1)}, 5])
     q = torch.quantize_per_tensor(torch.randn(4, 4), 0.1, 3, torch.qint8)
     save("others", {"q": q, "sparse": torch.randn(3, 3).to_sparse(), "numpy": np.arange(6, dtype=">i4").reshape(2, 3),
-                    "np_f32": np.ones((2, 2), np.float32), "storage": torch.arange(4, dtype=torch.int16).untyped_storage(),
-                    "meta": torch.empty(3, 4, device="meta"), "ok": torch.ones(3)})
+                    "np_f32": np.ones((2, 2), np.float32), "meta": torch.empty(3, 4, device="meta"),
+                    "storage": torch.arange(4, dtype=torch.int16).untyped_storage(), "ok": torch.ones(3)})
     save("hostile", hostile_checkpoint())
     return out
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from ckptfs import mount as mountmod
 from conftest import CKPTFS, Mounted, is_mounted, pid_alive, require_fuse, run_ckptfs, wait_gone
 from helpers import torch_bytes
+
+from ckptfs import mount as mountmod
 
 pytestmark = pytest.mark.mount
 
