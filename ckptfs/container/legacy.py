@@ -230,7 +230,7 @@ class LegacyStream:
                 lost = f"follows storage {key!r}, which is listed twice"
                 continue
             ref = refs.get(key)
-            if ref is None or getattr(ref, "root", None) is not None:
+            if ref is None or type(ref) is not StorageRef:  # never referenced, or a view's key
                 self.errors[key] = "storage listed in the stream but never referenced by the pickle"
                 lost = f"follows storage {key!r}, whose element size the pickle does not tell"
                 continue
