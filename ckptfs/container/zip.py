@@ -49,6 +49,7 @@ U16 = 0xFFFF
 
 STORED, DEFLATED = 0, 8
 FLAG_ENCRYPTED = 0x1
+FLAG_DESCRIPTOR = 0x8
 FLAG_UTF8 = 0x800
 MAX_COMMENT = 0xFFFF
 
@@ -100,7 +101,7 @@ class ZipRecord:
         head = src.pread(self.header_offset, LOCAL.size)
         if len(head) < LOCAL.size:
             raise self._fail("local header is truncated")
-        (sig, _ver, _os, flags, method, _t, _d, _crc, _csize, _size, name_len, extra_len) = LOCAL.unpack(head)
+        (sig, _ver, _os, flags, method, _t, _d, crc, csize, size, name_len, extra_len) = LOCAL.unpack(head)
         if sig != LOCAL_SIG:
             raise self._fail(f"no local header at offset {self.header_offset} (central directory lies)")
         name = src.pread(self.header_offset + LOCAL.size, name_len)
@@ -110,6 +111,14 @@ class ZipRecord:
             raise self._fail("local header and central directory disagree on the compression method")
         if (flags ^ self.flags) & FLAG_ENCRYPTED:
             raise self._fail("local header and central directory disagree on encryption")
+        # Without a data descriptor (flag bit 3) the local header holds the real CRC and sizes; with one,
+        # torch writes zeros there. Either way a value that differs from the directory's means readers that
+        # trust the local header (streaming unzip, scanners) see another record than we do.
+        for what, local, central in (("CRC", crc, self.crc), ("compressed size", csize, self.compress_size),
+                                     ("size", size, self.size)):
+            if local != central and (local != U32 or what == "CRC") and (local or not flags & FLAG_DESCRIPTOR):
+                raise self._fail(f"local header and central directory disagree on the {what} "
+                                 f"({local} vs {central})")
         data_offset = self.header_offset + LOCAL.size + name_len + extra_len
         if data_offset + self.compress_size > self.end_bound:
             raise self._fail(
@@ -250,9 +259,32 @@ class _Inflater:
         data = b"".join(chunks)
         if out_start + want < rec.size:
             self.points.setdefault(b + 1, (in_pos, d.copy()))
+        elif not d.eof:
+            self._check_end(d, in_pos)
         if b == 0 and want == rec.size and zlib.crc32(data) != rec.crc:
             raise rec._fail("CRC mismatch in deflated record")
         return data
+
+    def _check_end(self, d: "zlib._Decompress", in_pos: int) -> None:
+        """The declared size was produced: the deflate stream must end there too (zipfile and torch's
+        reader refuse a record that inflates to more; serving its first bytes would hide the rest)."""
+        rec = self.rec
+        comp = d.unconsumed_tail
+        while not d.eof:
+            if not comp:
+                if in_pos >= rec.compress_size:
+                    return  # no end-of-stream marker: the bytes we served are all there is
+                comp = rec.archive.source.pread(rec.data_offset + in_pos, min(self.READ, rec.compress_size - in_pos))
+                if not comp:
+                    return
+                in_pos += len(comp)
+            try:
+                more = d.decompress(comp, 1)
+            except zlib.error as e:
+                raise rec._fail(f"corrupt deflate data after the declared size ({e})") from None
+            if more:
+                raise rec._fail(f"deflated data inflates past the {rec.size} bytes the directory declares")
+            comp = d.unconsumed_tail
 
 
 class ZipArchive:
