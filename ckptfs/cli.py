@@ -14,7 +14,7 @@ import sys
 from typing import Any, Sequence
 
 from . import __version__
-from .errors import CkptfsError
+from .errors import CkptfsError, brief, oneline
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -50,7 +50,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             rows.append(ckpt.meta(key))
         if args.json:
             for m in rows:
-                print(json.dumps(m.to_dict(), ensure_ascii=False))
+                print(_json(m.to_dict()))
             return EXIT_OK
         if args.tree:
             _print_tree(ckpt, rows, args)
@@ -60,9 +60,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for m in rows:
             if m.kind == "tensor":
                 note = m.error and f"error: {m.error}" or m.unsupported and f"({m.tensor_kind}: not served)" or ""
-                table.append((m.key, m.dtype or "-", _shape(m.shape), size(m.nbytes), note))
+                table.append((oneline(m.key), m.dtype or "-", _shape(m.shape), size(m.nbytes), oneline(note)))
             else:
-                table.append((m.key, m.type or m.kind, "-", "-", _leaf_preview(ckpt.value(m.key))))
+                table.append((oneline(m.key), oneline(m.type or m.kind), "-", "-", _leaf_preview(ckpt.value(m.key))))
         _print_table(table)
         n_t = sum(1 for m in rows if m.kind == "tensor")
         total = sum(m.nbytes or 0 for m in rows if m.kind == "tensor")
@@ -71,11 +71,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _leaf_preview(v: Any, n: int = 40) -> str:
-    try:
-        s = repr(v)
-    except Exception:  # noqa: BLE001
-        s = f"<{type(v).__name__}>"
-    return s if len(s) <= n else s[: n - 3] + "..."
+    return oneline(brief(v, n))
+
+
+def _json(obj: Any, indent: int | None = None) -> str:
+    """JSON for a terminal: readable Unicode, unless a string holds something a terminal would act on
+    or cannot encode (bidi overrides, lone surrogates): then every non-ASCII character is escaped."""
+    s = json.dumps(obj, ensure_ascii=False, indent=indent)
+    if not s.replace("\n", "").isprintable():
+        s = json.dumps(obj, ensure_ascii=True, indent=indent)
+    return s
 
 
 def _print_table(table: list[tuple[str, ...]]) -> None:
@@ -111,14 +116,14 @@ def _print_tree(ckpt: Any, rows: list, args: argparse.Namespace) -> None:
             last = n == len(items) - 1
             branch = "└── " if last else "├── "
             if isinstance(child, dict):
-                print(f"{indent}{branch}{name}/  ({size(total(child))})")
+                print(f"{indent}{branch}{oneline(name)}/  ({size(total(child))})")
                 walk(child, indent + ("    " if last else "│   "))
             elif child.kind == "tensor":
-                print(f"{indent}{branch}{name}  {child.dtype} {_shape(child.shape)}  {size(child.nbytes)}")
+                print(f"{indent}{branch}{oneline(name)}  {child.dtype} {_shape(child.shape)}  {size(child.nbytes)}")
             else:
-                print(f"{indent}{branch}{name}  = {_leaf_preview(ckpt.value(child.key))}")
+                print(f"{indent}{branch}{oneline(name)}  = {_leaf_preview(ckpt.value(child.key))}")
 
-    print(f"{os.path.basename(ckpt.name)}  ({size(total(tree))})")
+    print(f"{oneline(os.path.basename(ckpt.name))}  ({size(total(tree))})")
     walk(tree, "")
 
 
@@ -131,10 +136,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
         info = ckpt.info()
     if args.json:
-        print(json.dumps(info, indent=2, ensure_ascii=False))
+        print(_json(info, indent=2))
         return EXIT_OK
     c = info["container"]
-    print(f"file        {info['file']} ({human(info['size'])})")
+    print(f"file        {oneline(info['file'])} ({human(info['size'])})")
     fmt = info["format"]
     if fmt == "zip":
         fmt += f" (root {c.get('root')!r}, {c.get('records')} records"
@@ -148,7 +153,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"writer      {info['torch_version_hint']}")
     for name in (".format_version", ".storage_alignment", "version"):
         if name in c:
-            print(f"  {name:<20}{c[name]}")
+            print(f"  {name:<20}{oneline(str(c[name]))}")
     print(f"byteorder   {info['byteorder']}")
     kinds = ", ".join(f"{n} {k}" for k, n in info["tensor_kinds"].items())
     print(f"tensors     {info['tensors']} ({kinds or 'none'}) on {info['storages']} storages")
@@ -163,7 +168,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if info["unknown_globals"]:
         print(f"opaque      {len(info['unknown_globals'])} classes not imported (shown as data):")
         for q, n in info["unknown_globals"].items():
-            print(f"  {q} ({n}x)")
+            print(f"  {oneline(q)} ({n}x)")
     if info["errors"] or info["unsupported"]:
         print(f"problems    {info['errors']} tensors with errors, {info['unsupported']} not served "
               "(see `ckptfs ls`)")
@@ -299,14 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         if debug:
             raise
-        where = f": {e.filename}" if e.filename else ""
-        print(f"ckptfs{where}: {e.strerror or e}", file=sys.stderr)
+        where = f": {oneline(str(e.filename))}" if e.filename else ""
+        print(f"ckptfs{where}: {oneline(str(e.strerror or e))}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:  # noqa: BLE001 - a bug: still one line unless --debug
         if debug:
             raise
-        print(f"ckptfs: internal error ({type(e).__name__}: {e}); re-run with --debug for the traceback",
-              file=sys.stderr)
+        print(f"ckptfs: internal error ({type(e).__name__}: {oneline(brief(str(e), 300))}); re-run with --debug "
+              "for the traceback", file=sys.stderr)
         return EXIT_ERROR
 
 

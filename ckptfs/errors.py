@@ -7,11 +7,17 @@ _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f", 0x0A: "\\n", 
 
 
 def oneline(s: str) -> str:
-    """Names from a hostile file, printable on one line: control characters and lone surrogates escaped."""
+    """Names from a hostile file, printable on one line: control characters and lone surrogates escaped,
+    and any other character a terminal would not print as itself (bidi overrides, zero-width and other
+    format characters) as ``\\uXXXX``."""
     if s.isprintable():
         return s
     s = s.encode("utf-8", "backslashreplace").decode("utf-8")
-    return s.translate(_CONTROL)
+    s = s.translate(_CONTROL)
+    if not s.isprintable():
+        s = "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
+                    for ch in s)
+    return s
 
 
 def brief(v: object, n: int = 80) -> str:
