@@ -1,0 +1,61 @@
+"""The benchmark harness in --quick mode (small sizes): it runs end to end and its report has every case.
+
+No timing assertions: this only keeps `make bench` from rotting. It mounts (ckptfs and ratarmount), so it
+needs FUSE; it takes a few minutes, hence `slow` (CI runs it with `make test`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fuse_available() -> bool:
+    return os.path.exists("/dev/fuse") and any(
+        os.path.exists(os.path.join(d, "fusermount3")) for d in os.environ.get("PATH", "").split(os.pathsep))
+
+
+def _fuse_mounts() -> set[str]:
+    with open("/proc/mounts") as f:
+        return {ln.split()[1] for ln in f if "fuse" in ln.split()[2]}
+
+
+@pytest.mark.slow
+@pytest.mark.mount
+def test_bench_quick(tmp_path):
+    if not _fuse_available() and not os.environ.get("CKPTFS_REQUIRE_FUSE"):
+        pytest.skip("FUSE is not available here")
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks.cli import ORDER
+    finally:
+        sys.path.remove(str(ROOT))
+    before = _fuse_mounts()
+    out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--output", str(out), "--json", str(raw)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    text = out.read_text()
+    for head in ("## Machine", "## Method", "## Summary", "## Results", "libfuse", "kernel"):
+        assert head in text
+    results = {c["id"]: c for c in json.loads(raw.read_text())}
+    assert list(results) == ORDER
+    for cid in ORDER:
+        assert f"### {cid}" in text, cid
+        assert f"[{cid}](#{cid})" in text, cid  # its summary row
+        case = results[cid]
+        ck = [row for row in case["rows"] if row["is_ckptfs"]]
+        peers = [row for row in case["rows"] if not row["is_ckptfs"]]
+        assert ck, f"{cid}: no ckptfs row"
+        # ckptfs itself must have been measured in every case (a harness that silently measures nothing rots)
+        assert ck[0]["values"], f"{cid}: ckptfs not measured: {ck[0]['error']}"
+        assert peers or cid == "daemon-rss", f"{cid}: no peer rows"
+        assert case["met"] in (True, False), f"{cid}: target not judged: {case['verdict']}"
+    assert _fuse_mounts() <= before, "the harness left something mounted"
