@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .container.base import Record
-from .errors import TensorError
+from .errors import LimitError, TensorError
 from .nodes import TensorNode
 from .tensors import NO_DATA_KINDS, STRIDED_KINDS, is_contiguous, nbytes, numel
 
@@ -63,13 +63,17 @@ class TensorReader:
         offset, size = self._clip(offset, size)
         if size == 0:
             return b""
-        if self.contiguous:
-            if self.inline is not None:
-                return self.inline[offset : offset + size]
-            return self.record.pread(self.base + offset, size)  # type: ignore[union-attr]
-        out = bytearray(size)
-        self._gather_into(memoryview(out), offset)
-        return bytes(out)
+        try:
+            if self.contiguous:
+                if self.inline is not None:
+                    return self.inline[offset : offset + size]
+                return self.record.pread(self.base + offset, size)  # type: ignore[union-attr]
+            out = bytearray(size)
+            self._gather_into(memoryview(out), offset)
+            return bytes(out)
+        except MemoryError:  # e.g. a 4 TiB expanded view (stride 0) asked for whole
+            raise self._fail(f"reading {size} bytes at once does not fit in memory; read the tensor in ranges",
+                             cls=LimitError) from None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         """Fill ``buf`` with logical bytes from ``offset``; returns the count (short only at the end)."""
