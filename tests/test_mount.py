@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -82,6 +83,10 @@ def build_corpus(d: Path) -> dict[str, Path]:
                     "np_f32": np.ones((2, 2), np.float32), "meta": torch.empty(3, 4, device="meta"),
                     "storage": torch.arange(4, dtype=torch.int16).untyped_storage(), "ok": torch.ones(3)})
     save("hostile", hostile_checkpoint())
+    out["deflated"] = d / "deflated.pth"  # records re-zipped with deflate: inflated on read
+    with zipfile.ZipFile(out["views"]) as zin, zipfile.ZipFile(out["deflated"], "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
     return out
 
 
@@ -196,7 +201,7 @@ def check_mount(m, ckpt_path: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", ["dtypes", "views", "training", "tied", "legacy", "protocol4", "top_tensor",
-                                  "top_list", "others", "hostile"])
+                                  "top_list", "others", "hostile", "deflated"])
 def test_every_key_through_the_mount(corpus, mounted, name):
     counts = check_mount(mounted[name], corpus[name])
     assert counts["tensor"] > 0 and counts["served"] > 0
