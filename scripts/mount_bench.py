@@ -66,18 +66,26 @@ def random_reads(path: str, offset: int, size: int, n: int, seed: int = 0) -> li
 
 
 def parallel_read(path: str, size: int, n: int, offset: int = 0) -> float:
-    """Aggregate GB/s of n processes each reading its own 1/n of the range sequentially."""
-    code = ("import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); b = bytearray(1 << 20); m = memoryview(b)\n"
-            "pos, end = int(sys.argv[2]), int(sys.argv[3])\n"
-            "while pos < end: pos += os.preadv(fd, [m[: min(1 << 20, end - pos)]], pos)\n")
+    """Aggregate GB/s of n processes each reading its own 1/n of the range sequentially (they start
+    together once all are up: interpreter start-up is not timed)."""
+    code = ("import os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY); b = bytearray(1 << 20); m = memoryview(b)\n"
+            "pos, end, go = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])\n"
+            "time.sleep(max(0, go - time.time())); t0 = time.time()\n"
+            "while pos < end: pos += os.preadv(fd, [m[: min(1 << 20, end - pos)]], pos)\n"
+            "print(t0, time.time())\n")
     part = size // n
-    t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", code, path, str(offset + i * part), str(offset + (i + 1) * part)])
+    go = time.time() + 2.0
+    procs = [subprocess.Popen([sys.executable, "-c", code, path, str(offset + i * part),
+                               str(offset + (i + 1) * part), str(go)], stdout=subprocess.PIPE, text=True)
              for i in range(n)]
+    spans = []
     for p in procs:
-        if p.wait() != 0:
+        out, _ = p.communicate()
+        if p.returncode != 0:
             raise RuntimeError("a reader failed")
-    return part * n / (time.perf_counter() - t) / 1e9
+        spans.append([float(x) for x in out.split()])
+    return part * n / (max(e for _, e in spans) - min(s for s, _ in spans)) / 1e9
 
 
 def memmap_sum(path: str, offset: int, count: int) -> tuple[float, float]:
