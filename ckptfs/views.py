@@ -27,7 +27,7 @@ from .dtypes import DTYPES, numpy_dtype
 from .errors import CkptfsError, UnsupportedError
 from .index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from .meta import Meta, _jsonable
-from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree
+from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
 from .tensors import nbytes
 
@@ -44,7 +44,8 @@ XATTR_PREFIX = "user.ckptfs."
 XATTR_MAX = 64 * 1024  # the kernel's limit for one value
 
 # what a node holds, for nodes that are not an index row's own file / directory
-_INDEX, _INFO = 2, 3
+_INDEX, _INFO, _CODE = 2, 3, 4
+CODE_DIR = "code"  # /.ckptfs/code/: a TorchScript archive's sources, as text
 #: Sidecars are not nodes of the tree (half the nodes of a state_dict): the sidecar of node n is n + SIDECAR.
 SIDECAR = 1 << 40
 
@@ -122,6 +123,33 @@ class CheckpointView:
         ident = ckpt.source.identity()
         self.mtime_ns = ident.mtime_ns
         self._render_sidecar = lru_cache(maxsize=4096)(self._sidecar_bytes)
+        self._code: dict[int, str] = {}  # node -> path of a TorchScript source under the archive's code/
+        code_files = getattr(ckpt.container, "code_files", None)
+        if code_files is not None:
+            self._add_code_tree(reserved, code_files())
+
+    def _add_code_tree(self, reserved: int, paths: list[str]) -> None:
+        """``/.ckptfs/code/<path>`` for each TorchScript source; read (inflated) only when opened.
+        The paths come from the archive: each component is kept when it is a plain file name, escaped
+        (namespace.escape) otherwise, so nothing can climb out or collide with ckptfs's names."""
+        tree = self.tree
+        top = tree.add(reserved, CODE_DIR, DIR)
+        for path in paths:
+            parent = top
+            parts = path.split("/")
+            for i, part in enumerate(parts):
+                name = part if part not in ("", ".", "..") and part.isprintable() and "%" not in part \
+                    else escape(part) or "%%''"
+                child = tree.entries[parent].get(name)
+                last = i == len(parts) - 1
+                if child is None:
+                    child = tree.add(parent, name, FILE if last else DIR)
+                elif last or tree.types[child] != DIR:
+                    break  # a name both file and directory in a hostile archive: the later one is dropped
+                parent = child
+            else:
+                self.role[parent] = _CODE
+                self._code[parent] = path
 
     # --- structure ----------------------------------------------------------------------------------
     def lookup(self, path: str) -> int | None:
@@ -197,6 +225,8 @@ class CheckpointView:
             return 0
         if node < SIDECAR and tree.types[node] == NS_LINK:
             return len(self.readlink(node).encode())
+        if self.role.get(node) == _CODE:
+            return self.ckpt.container.code_size(self._code[node])  # type: ignore[attr-defined]
         data = self._rendered(node)
         if data is not None:
             return len(data)
@@ -212,6 +242,8 @@ class CheckpointView:
             return self.index_json()
         if role == _INFO:
             return self._info[node]
+        if role == _CODE:
+            return self.ckpt.container.read_code(self._code[node])  # type: ignore[attr-defined]
         row = self.tree.rows[node]
         return None if self.index.kinds[row] == TENSOR else self.leaf_bytes(row)
 

@@ -123,3 +123,21 @@ def test_through_the_mount(files, module_mount, case):
         coo = json.loads((m.path / by_key["coo"]["sidecar"]).read_bytes())
         assert coo["extra"]["layout"] == "sparse_coo" and coo["shape"] == [4, 6]  # the dense shape
         assert np.array_equal(ckptfs.memmap(m.path / "np"), ref["np"])
+
+
+@pytest.mark.mount
+def test_torchscript_sources_under_reserved_dir(files, module_mount):
+    path, _ref = files["torchscript"]
+    m = module_mount(path)
+    with ckptfs.open(path) as ckpt:
+        sources = ckpt.code_files()
+    assert sources
+    code = m.path / ".ckptfs" / "code"
+    found = {str(p.relative_to(code)): p for p in code.rglob("*") if p.is_file()}
+    assert set(found) == set(sources)
+    for rel, p in found.items():
+        st = p.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o444 and st.st_size == len(sources[rel])
+        assert p.read_bytes() == sources[rel]
+    with pytest.raises(OSError):
+        (code / "new.py").write_text("x")

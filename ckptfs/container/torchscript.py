@@ -44,6 +44,13 @@ class TorchScriptZip(TorchZip):
         """Paths of the TorchScript sources, relative to ``code/`` (``__torch__.py``, ...)."""
         return [n[len(CODE_DIR):] for n in self.code_names]
 
+    def code_size(self, path: str) -> int:
+        """A source file's size in bytes (from the directory: nothing is inflated)."""
+        rec = self.archive.get(CODE_DIR + path)
+        if rec is None or not path.endswith(".py"):
+            raise KeyError(path)
+        return rec.size
+
     def read_code(self, path: str) -> bytes:
         """One source file's text (inflated; bounded by Limits.max_pickle_bytes)."""
         rec = self.archive.get(CODE_DIR + path)
