@@ -10,11 +10,13 @@ objects or on plain containers.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gc
 import io
 import os
 import pickle
+import pickletools
 import select
 import signal
 import time
@@ -45,11 +47,12 @@ class SafeUnpickler(pickle.Unpickler):
         self.limits = limits
         self.unknown_globals: dict[str, int] = {}  # qualified name -> times referenced
         self._stream = stream
-        self._size_hint = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
+        self._data = data if isinstance(data, (bytes, bytearray, memoryview)) else None
+        self._size_hint = len(data) if self._data is not None else None
 
     def load(self) -> object:
         """Unpickle the next pickle: first in a forked child (see :func:`probe`), then here."""
-        if self.limits.unpickle_probe:
+        if self.limits.unpickle_probe and not _plainly_bounded(self):
             probe(self, self._size_hint)
         return super().load()
 
@@ -104,6 +107,35 @@ def unpickle(data: "bytes | io.BufferedIOBase", *, strict: bool = False, limits:
 # unpickle it (the same bytes, the same work: bounded by what the child just did).
 
 _OK, _CKPTFS, _MEMORY, _OTHER = b"K", b"E", b"M", b"X"
+
+
+SMALL_PICKLE = 8192
+for _codec in ("raw-unicode-escape", "latin-1", "ascii", "utf-8"):  # what pickletools decodes text opcodes with:
+    codecs.lookup(_codec)  # looked up now, so that scanning a hostile pickle never imports a codec module
+_SHARING = frozenset({"BINGET", "LONG_BINGET", "GET", "DUP"})
+_PUTS = frozenset({"BINPUT", "LONG_BINPUT", "PUT"})
+
+
+def _plainly_bounded(up: SafeUnpickler) -> bool:
+    """True for a small pickle (the next one is under SMALL_PICKLE bytes) that never reuses an object
+    (no memo GET, no DUP) and keeps memo indices small: its objects form a tree of at most a few thousand
+    nodes, so hashing, nesting and memory are all bounded and the probe's fork can be skipped (torch's
+    small legacy header pickles, tiny checkpoints). Anything else, or anything unparsable, is probed."""
+    if up._data is not None:
+        head = bytes(up._data[:SMALL_PICKLE])
+    else:
+        peek = getattr(up._stream, "peek", None)
+        head = peek(SMALL_PICKLE)[:SMALL_PICKLE] if peek is not None else b""
+    try:
+        for op, arg, pos in pickletools.genops(head):
+            name = op.name
+            if name in _SHARING or name in _PUTS and arg >= SMALL_PICKLE:  # type: ignore[operator]
+                return False
+            if name == "STOP":
+                return True
+    except Exception:  # noqa: BLE001 - cut short by the window, or malformed: probe it
+        return False
+    return False
 
 
 def probe(up: SafeUnpickler, size_hint: int | None) -> None:
@@ -175,6 +207,12 @@ def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:
     code = _OTHER
     try:
         os.close(r)
+        try:  # nothing the child's interpreter might print (unraisable errors) reaches the caller's terminal
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+        except OSError:
+            pass
         now = memory_now()
         if now is not None:
             import resource
