@@ -40,10 +40,10 @@ demo: setup
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ./scripts/demo.sh
 
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 bench-quick: setup
-	$(PY) -m benchmarks --quick --output /tmp/ckptfs-bench-quick.md
+	$(PY) -m benchmarks --quick --output /tmp/ckptfs-bench-quick.md $(BENCH_ARGS)
 
 fuzz: setup
 	CKPTFS_FUZZ_EXAMPLES=$${CKPTFS_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider

@@ -165,6 +165,8 @@ def load_state_dict(ctx: Context) -> CaseResult:
                 f"{row.impl}: sampled peak RSS {d['sampled_peak'] / 1e6:,.0f} MB (anon "
                 f"{d['sampled_detail'].get('RssAnon', 0) / 1e6:,.0f} MB, file-backed "
                 f"{d['sampled_detail'].get('RssFile', 0) / 1e6:,.0f} MB), reached in {d.get('peak_where', '?')}")
+    res.notes.append("anonymous memory only (peak RssAnon growth / model size): " + ", ".join(
+        f"{r.impl} {r.extra_median('anon_growth') / model_bytes:.2f}" for r in res.rows if r.values))
     ck = res.ckptfs
     judge(res, [("ckptfs growth / model size", lambda: None if ck.median is None else ck.median / model_bytes,
                  lambda v: v <= 1.10, "≤ 1.10")])

@@ -20,6 +20,9 @@ def trim_pyinstrument(path: str, max_lines: int = 45) -> str | None:
             lines = f.read().rstrip().splitlines()
     except OSError:
         return None
+    if lines and lines[0] == "CPROFILE":  # the cProfile fallback: keep its table
+        body = [ln.rstrip() for ln in lines[1:] if ln.strip()][: max_lines]
+        return "cProfile (pyinstrument not installed), sorted by cumulative time:\n" + "\n".join(body)
     body = []
     started = False
     for ln in lines:

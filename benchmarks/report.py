@@ -190,7 +190,7 @@ def write(path: str, ctx: Context, results: list[CaseResult], facts: dict[str, s
     L.append("| file | content | size | generated in |")
     L.append("|---|---|---|---|")
     for name, desc, size, secs in datasets:
-        L.append(f"| {name} | {desc} | {size / 1e6:,.1f} MB | {'-' if secs is None else f'{secs:.1f} s'} |")
+        L.append(f"| {name} | {desc} | {size / 1e6:,.1f} MB | {'reused (--data-dir)' if secs is None else f'{secs:.1f} s'} |")
     if ctx.facts.get("analysis"):
         L.append("")
         L.append("## Analysis")
