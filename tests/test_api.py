@@ -499,3 +499,20 @@ def test_mapped_tensors_outlive_the_checkpoint_and_never_write_the_file(tmp_path
         meta_model = torch.nn.Linear(256, 256, bias=False)
     meta_model.load_state_dict({"weight": ckptfs.load(p)["w"]}, assign=True)
     assert torch.equal(meta_model.weight, w)
+
+
+def test_large_strided_views_gather_in_tiles(tmp_path):
+    """Views whose last axis strides far (transposes of big matrices) take the tiled copy path."""
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(1100, 1030, generator=g)
+    cube = torch.randn(6, 700, 600, generator=g, dtype=torch.float64)
+    sd = {"t": big.t(), "perm": cube.permute(1, 2, 0), "perm2": cube.permute(2, 0, 1)[:, 1:5, 3:],
+          "half_t": big.half().t()[5:600]}
+    p = tmp_path / "tiles.pth"
+    torch.save(sd, p)
+    with ckptfs.open(p) as ckpt:
+        for key, t in sd.items():
+            want = torch_bytes(t)
+            assert ckpt.read(key) == want, key
+            for off, size in ((0, 1 << 20), (4097, 300_001), (len(want) - 12345, 99999)):
+                assert ckpt.read(key, off, size) == want[off : off + size], (key, off)
