@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profile", action="store_true", help="do not profile cases that miss their target")
     p.add_argument("--json", help="also write raw results as JSON here")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
+    p.add_argument("--render", metavar="JSON", help="only write the report again from a --json file (no measuring)")
     return p
 
 
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in ORDER:
             print(c)
         return 0
+    if args.render:
+        return render(args.render, args.output or os.path.join(PKG_PARENT, "docs", "benchmarks.md"))
     cfg = config.get(args.quick, args.reps, args.warmup)
     chosen = select(args.only)
     output = args.output or ("/tmp/ckptfs-bench-quick.md" if args.quick else os.path.join(PKG_PARENT, "docs",
@@ -125,10 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(data_root, ignore_errors=True)
         elif not args.data_dir:
             log(f"kept the generated checkpoints in {data_root}")
-    _write(output, ctx, results, facts, args, t_start, data)
+    run = _write(output, ctx, results, facts, args, t_start, data)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in results], f, indent=1, default=str)
+            json.dump({"run": run, "results": [asdict(r) for r in results]}, f, indent=1, default=str)
     log(f"wrote {output} ({time.perf_counter() - t_start:.0f} s)")
     missed = [r.id for r in results if r.met is False]
     if missed:
@@ -144,11 +147,22 @@ def _load1() -> str:
 
 
 def _write(output: str, ctx: Context, results: list[CaseResult], facts: dict, args, t_start: float,
-           data: DataDir) -> None:
+           data: DataDir) -> dict:
     sets = []
     for name, entry in data.manifest.items():
         ds = data.sets.get(name)
         if ds is None or entry.get("key") != ds.key():
             continue
         sets.append((os.path.basename(data.path(name)), ds.description, entry["size"], data.gen_seconds.get(name)))
-    report.write(output, ctx, results, facts, args, time.perf_counter() - t_start, sets)
+    run = report.run_info(ctx, facts, args.argv, time.perf_counter() - t_start, sets)
+    report.write(output, run, results)
+    return run
+
+
+def render(path: str, output: str) -> int:
+    """Write the report again from a --json file (e.g. after editing benchmarks/findings.md): no measuring."""
+    with open(path) as f:
+        saved = json.load(f)
+    report.write(output, saved["run"], report.results_from_json(saved["results"]))
+    print(f"wrote {output} from {path}", file=sys.stderr)
+    return 0

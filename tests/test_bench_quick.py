@@ -45,7 +45,9 @@ def test_bench_quick(tmp_path):
     text = out.read_text()
     for head in ("## Machine", "## Method", "## Summary", "## Results", "libfuse", "kernel"):
         assert head in text
-    results = {c["id"]: c for c in json.loads(raw.read_text())}
+    saved = json.loads(raw.read_text())
+    assert saved["run"]["quick"] and saved["run"]["facts"]
+    results = {c["id"]: c for c in saved["results"]}
     assert list(results) == ORDER
     for cid in ORDER:
         assert f"### {cid}" in text, cid
@@ -59,3 +61,9 @@ def test_bench_quick(tmp_path):
         assert peers or cid == "daemon-rss", f"{cid}: no peer rows"
         assert case["met"] in (True, False), f"{cid}: target not judged: {case['verdict']}"
     assert _fuse_mounts() <= before, "the harness left something mounted"
+    # the report can be written again from the saved results alone
+    again = tmp_path / "again.md"
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "--render", str(raw), "--output", str(again)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert again.read_text() == text
