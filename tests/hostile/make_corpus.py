@@ -695,19 +695,16 @@ def zip_cases(marker_dir: Path) -> list[Case]:
     add("zip_overlap", "data/0's directory offset points inside data.pkl's data",
         tweak(lambda es: setattr(find_entry(es, b"data/0"), "header_offset", base.local[e] + 50)),
         error_has="overlap")
-    sb = write_zip([Entry(b"archive/data.pkl", good_pickle()), Entry(b"archive/data/0", W_BYTES),
-                    Entry(b"archive/data/1", W_BYTES)])
+    sb = torch_zip(good_pickle(), {"0": W_BYTES, "1": W_BYTES})
     blob = bytearray(sb.data)
     struct.pack_into("<L", blob, sb.cd[b"archive/data/1"] + 42, sb.local[b"archive/data/0"])
     add("zip_two_entries_one_header", "data/1's directory entry points at data/0's local header", bytes(blob),
         error_has="overlap")
     # duplicate names
-    dup = write_zip([Entry(b"archive/data.pkl", good_pickle()), Entry(b"archive/data/0", W_BYTES),
-                     Entry(b"archive/data/0", np.arange(10, 16, dtype="<f4").tobytes())]).data
+    dup = tweak(lambda es: es.insert(5, Entry(b"archive/data/0", np.arange(10, 16, dtype="<f4").tobytes())))
     add("zip_duplicate_storage", "two entries named data/0 with different bytes (torch reads the first, zipfile "
         "the last)", dup, error_has="duplicate")
-    dup2 = write_zip([Entry(b"archive/data.pkl", good_pickle()), Entry(b"archive/data/0", W_BYTES),
-                      Entry(b"archive/data.pkl", good_pickle([("x", lambda p: p.int(1))]))]).data
+    dup2 = tweak(lambda es: es.insert(5, Entry(b"archive/data.pkl", good_pickle([("x", lambda p: p.int(1))]))))
     add("zip_duplicate_pickle", "two entries named data.pkl", dup2, error_has="duplicate")
     # zip64 lies
     add("zip64_offset_past", "zip64 locator points past itself",

@@ -71,7 +71,7 @@ def _preimport() -> list[str]:
 _DUMPING = []  # set while a traceback is printed (its source lines are read from .py files)
 
 
-def _install_jail(req: dict, vfd: int) -> None:
+def _install_limits(req: dict) -> None:
     import resource
 
     mem = int(req.get("mem", 1 << 30))
@@ -80,6 +80,10 @@ def _install_jail(req: dict, vfd: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (mem, hard if hard != resource.RLIM_INFINITY else mem))
     cpu = int(req.get("timeout", 5.0)) + 5
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+
+
+def _install_jail(req: dict, vfd: int) -> None:
+    _install_limits(req)
     allowed_open = {os.path.realpath(req["path"]), req["path"]}
 
     def hook(event: str, args: tuple) -> None:
@@ -154,7 +158,8 @@ def _task_api(req: dict) -> dict:
             if index.kinds[i] != "tensor" or len(tensors) >= max_read:
                 continue
             key = index.keys[i]
-            rec: dict = {"nbytes": d.get("nbytes"), "dtype": d.get("dtype"), "shape": d.get("shape")}
+            rec: dict = {"nbytes": d.get("nbytes"), "dtype": d.get("dtype"), "shape": d.get("shape"),
+                         "byteorder": d.get("byteorder")}
             try:
                 r = ck.reader(key)
                 size = r.size
@@ -194,6 +199,42 @@ def _task_api(req: dict) -> dict:
     return out
 
 
+def _task_torch(req: dict) -> dict:
+    """What torch.load(weights_only=True) does with the file: refuses (how), or the bytes of every tensor
+    it returns, flattened to dotted keys like ckptfs's (sha256 of the C-contiguous bytes in both orders)."""
+    import hashlib
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import torch_bytes
+
+    try:
+        obj = torch.load(req["path"], weights_only=True, map_location="cpu", mmap=bool(req.get("mmap")))
+    except MemoryError:
+        return {"status": "memory"}
+    except Exception as e:  # noqa: BLE001 - how torch refuses is the point
+        return {"status": "refused", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+    tensors: dict = {}
+    stack: list = [("", obj)]
+    seen = 0
+    while stack and seen < 5000:
+        key, v = stack.pop()
+        seen += 1
+        if isinstance(v, torch.Tensor):
+            try:
+                if v.is_sparse or v.is_nested or v.is_quantized or v.device.type != "cpu":
+                    continue
+                tensors[key] = {order: hashlib.sha256(torch_bytes(v, order)).hexdigest() for order in ("little", "big")}
+            except Exception as e:  # noqa: BLE001
+                tensors[key] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        elif isinstance(v, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), x) for k, x in v.items() if type(k) in (str, int))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{key}.{i}" if key else str(i), x) for i, x in enumerate(v))
+    return {"status": "accepted", "tensors": tensors}
+
+
 def _task_cli(req: dict) -> int:
     from ckptfs.cli import main
 
@@ -210,10 +251,13 @@ def _child(req: dict, vfd: int) -> None:
         os.dup2(err_fd, 2)
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-        _install_jail(req, vfd)
+        if req["task"] == "torch":
+            _install_limits(req)  # torch imports lazily: no audit hook, only limits and marker files
+        else:
+            _install_jail(req, vfd)
         t0 = time.perf_counter()
-        if req["task"] == "api":
-            res = _task_api(req)
+        if req["task"] in ("api", "torch"):
+            res = _task_api(req) if req["task"] == "api" else _task_torch(req)
             res["seconds"] = time.perf_counter() - t0
             import resource
 
@@ -241,9 +285,15 @@ def _child(req: dict, vfd: int) -> None:
         os._exit(code)
 
 
-def serve() -> None:
+def serve(with_torch: bool = False) -> None:
     """Read one JSON request per line on stdin; answer one JSON line per request on stdout."""
     missing = _preimport()
+    if with_torch:
+        import torch
+
+        torch.set_num_threads(1)
+        sys.path.insert(0, str(REPO / "tests"))
+        import helpers  # noqa: F401
     out = sys.stdout
     out.write(json.dumps({"ready": True, "missing": missing}) + "\n")
     out.flush()
@@ -315,13 +365,14 @@ class Run:
 
 
 class Sandbox:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, torch: bool = False) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
                    PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__)), "--serve"], stdin=subprocess.PIPE,
+        argv = [sys.executable, str(Path(__file__)), "--serve"] + (["--torch"] if torch else [])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         hello = json.loads(self.proc.stdout.readline())  # type: ignore[union-attr]
         if not hello.get("ready"):
@@ -330,12 +381,13 @@ class Sandbox:
         self.n = 0
 
     def run(self, task: str, path: Path | str, *, argv: list[str] | None = None, limits: dict | None = None,
-            strict: bool = False, timeout: float = 5.0, mem: int = 1 << 30, max_read: int | None = None) -> Run:
+            strict: bool = False, timeout: float = 5.0, mem: int = 1 << 30, max_read: int | None = None,
+            mmap: bool = False) -> Run:
         self.n += 1
         base = self.workdir / f"run{self.n}"
         req = {"task": task, "path": str(path), "argv": argv or [], "limits": limits, "strict": strict,
                "timeout": timeout, "mem": mem, "stdout": f"{base}.out", "stderr": f"{base}.err",
-               "result": f"{base}.json"}
+               "result": f"{base}.json", "mmap": mmap}
         if max_read is not None:
             req["max_read"] = max_read
         self.proc.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
@@ -363,6 +415,6 @@ class Sandbox:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
+    if sys.argv[1:2] == ["--serve"]:
         sys.path.insert(0, str(REPO))
-        serve()
+        serve(with_torch="--torch" in sys.argv)
