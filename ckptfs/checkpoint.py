@@ -114,10 +114,11 @@ class Checkpoint:
 
     def row(self, key: "str | tuple") -> int:
         """The index row of a key (dotted string, or the tuple of original keys), links followed."""
-        i = self.index.find_path(key) if isinstance(key, tuple) else self.index.by_key.get(key)
+        index = self.index
+        i = index.by_key.get(key) if type(key) is str else index.find_path(key) if isinstance(key, tuple) else None
         if i is None:
             raise KeyError(key)
-        return self.index.resolve(i)
+        return i if index.kinds[i] != LINK else index.resolve(i)
 
     # --- metadata --------------------------------------------------------------------------------------
     def meta(self, key: "str | tuple") -> Meta:

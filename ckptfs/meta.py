@@ -78,13 +78,13 @@ class Meta:
     @property
     def dtype(self) -> str | None:
         """torch's dtype name: "float32", "bfloat16", ..."""
-        t = self._t
-        return t.dtype.name if t else None
+        node = self._index.nodes[self._row]
+        return node.dtype.name if type(node) is TensorNode else None
 
     @property
     def shape(self) -> tuple | None:
-        t = self._t
-        return t.shape if t else None
+        node = self._index.nodes[self._row]
+        return node.shape if type(node) is TensorNode else None
 
     @property
     def stride(self) -> tuple | None:
