@@ -189,7 +189,7 @@ class Tree:
     because keys were split on '.').
     """
 
-    __slots__ = ("names", "parents", "types", "rows", "entries", "row_node", "renamed")
+    __slots__ = ("names", "parents", "types", "rows", "entries", "row_node", "renamed", "_suffix")
 
     def __init__(self, n_rows: int) -> None:
         self.names: list[str] = [""]
@@ -199,6 +199,7 @@ class Tree:
         self.entries: dict[int, dict[str, int]] = {0: {}}
         self.row_node: list[int] = [-1] * n_rows
         self.renamed = 0
+        self._suffix: dict[tuple[int, str], int] = {}  # (dir, name) -> next rename number to try
 
     def __len__(self) -> int:
         return len(self.names)
@@ -217,10 +218,13 @@ class Tree:
         return node
 
     def free_name(self, d: int, name: str) -> str:
+        """The first free ``name%~n`` (n >= 2) in directory ``d``; remembered per name, so that 10^5 equal
+        names (e.g. unknown objects used as dict keys) cost linear time, not quadratic."""
         taken = self.entries[d]
-        n = 2
+        n = self._suffix.get((d, name), 2)
         while f"{name}{RENAME}{n}" in taken:
             n += 1
+        self._suffix[(d, name)] = n + 1
         self.renamed += 1
         return f"{name}{RENAME}{n}"
 
