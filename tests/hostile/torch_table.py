@@ -86,7 +86,7 @@ def main() -> int:
     try:
         for c in cases:
             path = c.materialise(work)
-            r1 = ck.run("api", path, limits=c.limits, timeout=max(c.timeout, 5.0))
+            r1 = ck.run("api", path, limits=c.limits, timeout=max(c.timeout, 5.0), max_read=c.max_read)
             r2 = th.run("torch", path, timeout=20.0, mem=4 << 30)
             t_out = torch_outcome(r2, markers)
             for m in markers.iterdir():
