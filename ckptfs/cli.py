@@ -40,7 +40,7 @@ def _shape(shape: Sequence[int] | None) -> str:
 def cmd_ls(args: argparse.Namespace) -> int:
     from . import open as ckpt_open
 
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+    with ckpt_open(args.checkpoint, strict=args.strict, limits=_limits(args)) as ckpt:
         index = ckpt.index
         rows = []
         for i in index.leaves():
@@ -68,6 +68,32 @@ def cmd_ls(args: argparse.Namespace) -> int:
         total = sum(m.nbytes or 0 for m in rows if m.kind == "tensor")
         print(f"{n_t} tensors, {len(rows) - n_t} other values, {size(total)} of tensor data", file=sys.stderr)
     return EXIT_OK
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """``--limit NAME=VALUE`` options as a ckptfs.Limits (sizes accept K/M/G suffixes: 256M)."""
+    from .limits import DEFAULT_LIMITS, Limits
+
+    values: dict[str, Any] = {}
+    for item in getattr(args, "limit", None) or []:
+        name, eq, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or name not in Limits.__dataclass_fields__:
+            known = ", ".join(Limits.__dataclass_fields__)
+            raise CkptfsError(f"--limit {item!r}: expected NAME=VALUE with NAME one of {known}")
+        kind = type(getattr(DEFAULT_LIMITS, name))
+        text = text.strip()
+        try:
+            if kind is bool:
+                values[name] = text.lower() in ("1", "true", "yes", "on")
+            elif kind is float:
+                values[name] = float(text)
+            else:
+                mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+                values[name] = int(text[:-1] if mult > 1 else text, 0) * mult
+        except ValueError:
+            raise CkptfsError(f"--limit {item!r}: {text!r} is not a {kind.__name__}") from None
+    return Limits(**values) if values else DEFAULT_LIMITS
 
 
 def _leaf_preview(v: Any, n: int = 40) -> str:
@@ -133,7 +159,7 @@ def _print_tree(ckpt: Any, rows: list, args: argparse.Namespace) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from . import open as ckpt_open
 
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+    with ckpt_open(args.checkpoint, strict=args.strict, limits=_limits(args)) as ckpt:
         info = ckpt.info()
     if args.json:
         print(_json(info, indent=2))
@@ -235,8 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--strict", action="store_true", help="refuse classes outside ckptfs's allowlist")
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
+    limit_help = ("raise or lower a resource limit for this file, e.g. --limit max_tensors=2000000 "
+                  "--limit max_memory=2G (see docs/security.md)")
     sp = sub.add_parser("ls", help="list keys with dtype, shape and size")
     common(sp)
+    sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=limit_help)
     sp.add_argument("pattern", nargs="*", help="only keys matching these globs (e.g. 'encoder.*')")
     sp.add_argument("-t", "--tree", action="store_true", help="show a tree split on '.', with subtree sizes")
     sp.add_argument("--json", action="store_true", help="one JSON object per key (the sidecar fields)")
@@ -245,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("info", help="format, writer hints, counts and bytes per dtype")
     common(sp)
+    sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=limit_help)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_info)
 

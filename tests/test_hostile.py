@@ -177,6 +177,22 @@ def test_real_command(name: str, tmp_path: Path) -> None:
     assert not any(MARKERS.iterdir())
 
 
+def test_cli_limit_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--limit NAME=VALUE reaches ckptfs.Limits from the command line (ls and info)."""
+    from ckptfs.cli import main
+
+    case = next(c for c in CASES if c.name == "res_tensor_count_custom")  # 2001 tensors
+    path = case.materialise(tmp_path)
+    assert main(["info", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["ls", "--limit", "max_tensors=2000", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ckptfs: ") and "more than 2000 tensors" in err
+    assert main(["info", "--limit", "max_tensors=1k", "--limit", "max_memory=1G", str(path)]) == 1
+    assert main(["ls", "--limit", "no_such_limit=1", str(path)]) == 1
+    assert "no_such_limit" in capsys.readouterr().err
+
+
 def test_corpus_covers_families() -> None:
     fams = {c.family for c in CASES}
     assert fams == {"exec", "resource", "lies", "zip", "legacy"}
