@@ -60,9 +60,9 @@ def _profile_cli(ctx: Context, exe: str, pth: str) -> str | None:
     pyi = script("pyinstrument")
     if pyi is None:
         return None
-    subprocess.run([pyi, "--show-all", "-r", "text", "--no-color", "-o", out, exe, "ls", pth],
+    subprocess.run([pyi, "-r", "text", "--no-color", "-o", out, exe, "ls", pth],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return trim_pyinstrument(out)
+    return trim_pyinstrument(out, max_depth=5)
 
 
 # --- every tensor through the Python API -------------------------------------------------------------------------

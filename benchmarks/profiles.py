@@ -13,8 +13,8 @@ from collections import Counter
 from .util import script
 
 
-def trim_pyinstrument(path: str, max_lines: int = 45) -> str | None:
-    """The pyinstrument text tree, without its banner, cut to max_lines."""
+def trim_pyinstrument(path: str, max_lines: int = 45, max_depth: int = 7) -> str | None:
+    """The pyinstrument text tree, without its banner, at most max_depth levels deep, cut to max_lines."""
     try:
         with open(path) as f:
             lines = f.read().rstrip().splitlines()
@@ -34,10 +34,13 @@ def trim_pyinstrument(path: str, max_lines: int = 45) -> str | None:
                 continue
         if ln.strip().startswith("To view this report") or ln.strip().startswith("Recorded:"):
             break
+        m = re.search(r"\d", ln)
+        if m and m.start() // 3 > max_depth:  # pyinstrument indents 3 columns per level
+            continue
         body.append(ln.rstrip())
     if len(body) > max_lines:
         body = body[:max_lines] + [f"... ({len(body) - max_lines} more lines in {os.path.basename(path)})"]
-    return "pyinstrument (seconds, call tree of the measured step):\n" + "\n".join(body)
+    return (f"pyinstrument (seconds, call tree of the measured step, {max_depth} levels):\n" + "\n".join(body))
 
 
 class PySpy:

@@ -88,10 +88,13 @@ METHOD = """\
   `MNT/<root>/data/N` files hold the same bytes; default options unless the row says `-o kernel_cache`). Before
   measuring, the first 4 KiB of each mounted file are compared with the `.pth`'s bytes. Every mount is unmounted in a
   `finally` block.
-- Memory: RSS from `/proc/self/statm` after `gc.collect()` (index), `ru_maxrss` (load_state_dict; a sampler
-  thread also records when the peak happens and the Python stack then), `/proc/PID/status` of the daemon.
-- Where ckptfs misses a target the harness profiles it: pyinstrument over the measured step (in-process cases) or
-  `py-spy record` of the FUSE daemon while the workload runs again (mount cases).
+- Memory: RssAnon/RSS growth after `gc.collect()` and `malloc_trim(0)` (index; tracemalloc for the Python share),
+  `ru_maxrss` (load_state_dict; a 5 ms sampler thread also attributes anonymous and file-backed growth to the
+  Python frames running at the time), `/proc/PID/status` of the daemon.
+- Where ckptfs misses a target the harness profiles it: pyinstrument over the measured step (in-process cases),
+  tracemalloc's top allocation sites (index memory), or for mount cases the daemon's CPU time over one run,
+  `py-spy record --native` of the daemon while the workload runs again, and `perf record` of the reading process
+  (kernel symbols included).
 """
 
 
