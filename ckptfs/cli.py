@@ -39,9 +39,11 @@ def _shape(shape: Sequence[int] | None) -> str:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from . import open as ckpt_open
+    from .tensors import nbytes, validate_all
 
     with ckpt_open(args.checkpoint, strict=args.strict, limits=_limits(args)) as ckpt:
         index = ckpt.index
+        validate_all(index, ckpt.container, ckpt.limits)  # the error column needs every tensor checked
         rows = []
         for i in index.leaves():
             key = index.keys[i]
@@ -57,15 +59,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
             return EXIT_OK
         size = (lambda n: str(n)) if args.bytes else human
         table = [("KEY", "DTYPE", "SHAPE", "SIZE", "")]
+        n_t = total = 0
         for m in rows:
             if m.kind == "tensor":
-                note = m.error and f"error: {m.error}" or m.unsupported and f"({m.tensor_kind}: not served)" or ""
-                table.append((oneline(m.key), m.dtype or "-", _shape(m.shape), size(m.nbytes), oneline(note)))
+                t = m.tensor_node
+                nb = nbytes(t)
+                n_t += 1
+                total += nb
+                note = t.error and f"error: {t.error}" or t.unsupported and f"({t.kind}: not served)" or ""
+                table.append((oneline(m.key), t.dtype.name, _shape(t.shape), size(nb), oneline(note) if note else ""))
             else:
                 table.append((oneline(m.key), oneline(m.type or m.kind), "-", "-", _leaf_preview(ckpt.value(m.key))))
         _print_table(table)
-        n_t = sum(1 for m in rows if m.kind == "tensor")
-        total = sum(m.nbytes or 0 for m in rows if m.kind == "tensor")
         print(f"{n_t} tensors, {len(rows) - n_t} other values, {size(total)} of tensor data", file=sys.stderr)
     return EXIT_OK
 

@@ -67,6 +67,11 @@ class Meta:
         return node if type(node) is TensorNode else None
 
     @property
+    def tensor_node(self) -> TensorNode | None:
+        """The index's node for a tensor (validated against its record), else None."""
+        return self._checked
+
+    @property
     def _checked(self) -> TensorNode | None:
         """The tensor, validated against its record (for fields that depend on it)."""
         t = self._t
