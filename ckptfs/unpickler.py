@@ -164,14 +164,15 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
     msg = b""
     status = None
     try:
+        poller = select.poll()
+        poller.register(r, select.POLLIN | select.POLLHUP)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LimitError(f"unpickling did not finish within {timeout:.1f} s (a tuple whose hashing "
                                  "explodes? raise Limits.max_unpickle_seconds to wait longer)")
-            ready, _, _ = select.select([r], [], [], left)
-            if ready:
+            if poller.poll(left * 1000):  # poll, not select: a busy process's fds may be over FD_SETSIZE
                 break
         msg = _read_all(r)
         if msg[:1] in (_OK, _OTHER, _CKPTFS, _MEMORY):

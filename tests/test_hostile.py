@@ -9,6 +9,7 @@ violation (import, exec, process, write...) or a marker file.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -21,7 +22,8 @@ import pytest
 from hostile.make_corpus import Case, all_cases
 from hostile.sandbox import Run, Sandbox
 
-MARKERS = Path(tempfile.mkdtemp(prefix="ckptfs-markers-"))
+MARKERS = Path(tempfile.mkdtemp(prefix="ckptfs-markers-"))  # shared with test_hostile_mount/_torch
+atexit.register(shutil.rmtree, MARKERS, True)
 CASES = all_cases(MARKERS)
 MEM_CAP = 1 << 30  # RLIMIT_AS of the child
 RSS_CAP_KB = 1 << 20  # peak RSS must stay under 1 GiB
@@ -36,7 +38,6 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory):
     assert not sb.missing, f"modules the sandbox could not preload: {sb.missing}"
     yield sb
     sb.close()
-    shutil.rmtree(MARKERS, ignore_errors=True)
     report = os.environ.get("CKPTFS_HOSTILE_REPORT")
     if report:
         Path(report).write_text(json.dumps(FIGURES, indent=1))
