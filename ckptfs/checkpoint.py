@@ -43,7 +43,7 @@ class Checkpoint:
             data = self.container.pickle_bytes()
             record = self.container.info.get("root", "")
             record = f"{record}/data.pkl" if self.container.kind in ("zip", "torchscript") else "pickle"
-            converter = Converter(limits)
+            converter = self.converter = Converter(limits)  # kept: values outside the index (opaque state)
             with gc_paused():  # one pause for everything that builds the index (see gc_paused)
                 obj, up = unpickle(data, strict=strict, limits=limits, file=self.name, record=record)
                 del data
@@ -185,18 +185,21 @@ class Checkpoint:
                     raise UnsupportedError(f"a {index.nodes[i].kind} tensor is stored as parts: read {parts}",  # type: ignore[attr-defined]
                                            file=self.name, record=index.keys[i])
                 raise TensorError(f"is a {index.kinds[i]}, not a tensor", file=self.name, record=index.keys[i])
-            t = index.nodes[i]
-            ensure_valid(t, self.container, self.limits.max_ndim)  # type: ignore[arg-type]
-            ref = t.storage  # type: ignore[attr-defined]
-            if ref is not None and ref.record is None and t.error is None:  # type: ignore[attr-defined]
-                try:
-                    ref.record = self.container.storage_record(ref.key)
-                except CkptfsError as e:
-                    raise e.at(file=self.name, record=index.keys[i]) from None
-            r = TensorReader(t, file_name=self.name, key=index.keys[i])  # type: ignore[arg-type]
+            r = self.node_reader(index.nodes[i], index.keys[i])  # type: ignore[arg-type]
             with self._lock:
                 self._readers[i] = r
         return r
+
+    def node_reader(self, t: TensorNode, key: str = "") -> TensorReader:
+        """A reader for a tensor node (validated, its record bound); ``key`` names it in errors."""
+        ensure_valid(t, self.container, self.limits.max_ndim)
+        ref = t.storage
+        if ref is not None and ref.record is None and t.error is None:
+            try:
+                ref.record = self.container.storage_record(ref.key)
+            except CkptfsError as e:
+                raise e.at(file=self.name, record=key or None) from None
+        return TensorReader(t, file_name=self.name, key=key)
 
     def read(self, key: "str | tuple", offset: int = 0, size: int = -1) -> bytes:
         """Bytes [offset, offset+size) of the tensor's C-contiguous content in the file's byte order."""

@@ -52,6 +52,7 @@ class Converter:
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self.refs: dict[str, StorageRef] = {}
+        self._shapes: dict[tuple, tuple] = {}
         self.done: dict[int, object] = {}
         self._keep: list[object] = []  # converted calls stay alive so their id() is not reused
         self._depth = 0
@@ -236,6 +237,11 @@ class Converter:
                         metadata = a[6] if n == 7 else None
                         if metadata is not None and not (type(metadata) is dict and metadata):
                             metadata = None
+                        # equal shapes/strides share one tuple (models repeat a few shapes many times;
+                        # 112 bytes per tensor). Safe to hash: they hold only ints.
+                        shapes = self._shapes
+                        size = shapes.setdefault(size, size)
+                        stride = shapes.setdefault(stride, stride)
                         t = TensorNode("dense", ref, ref.dtype or UINT8, size, stride, offset, requires_grad is True,
                                        metadata)
                         if metadata:

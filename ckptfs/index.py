@@ -121,6 +121,35 @@ def opaque_children(obj: OpaqueObject) -> list[tuple[object, object]]:
     return out
 
 
+def classify(v: object, conv: Converter) -> tuple[str, object]:
+    """(kind, node) for one value; recorded calls and pickle-data values are converted here."""
+    if isinstance(v, Call):
+        v = conv.convert(v)
+    t = type(v)
+    if t is TensorNode:
+        return (TENSOR if v.parts is None else COMPOSITE), v  # type: ignore[attr-defined]
+    if t in LEAF_TYPES:
+        return LEAF, v
+    if t is dict or t is PickledOrderedDict:
+        return DICT, v
+    if t is list:
+        return LIST, v
+    if t is tuple:
+        return TUPLE, v
+    if t is set or t is frozenset:
+        return SET, v
+    if isinstance(v, OpaqueObject):
+        return OPAQUE, v
+    if t is NumpyArray:
+        node = conv.numpy_array(v)  # type: ignore[arg-type]
+        return (TENSOR if type(node) is TensorNode else OPAQUE), node
+    if t is NumpyScalar:
+        return LEAF, numpy_scalar_value(v)  # type: ignore[arg-type]
+    if t is StorageRef:
+        return TENSOR, storage_as_tensor(v)  # type: ignore[arg-type]
+    return LEAF, v  # dtype/device/layout markers, classes referenced as values, ...
+
+
 class Index:
     """The checkpoint tree as columns (one row per node; a container's children are consecutive rows).
 
@@ -145,39 +174,10 @@ class Index:
         self._build(root, converter or Converter(limits))
 
     # --- building -------------------------------------------------------------------------------------
-    def _classify(self, v: object, conv: Converter) -> tuple[str, object]:
-        """(kind, node) for one value; recorded calls and pickle-data values are converted here."""
-        if isinstance(v, Call):
-            v = conv.convert(v)
-        t = type(v)
-        if t is TensorNode:
-            return (TENSOR if v.parts is None else COMPOSITE), v  # type: ignore[attr-defined]
-        if t in LEAF_TYPES:
-            return LEAF, v
-        if t is dict or t is PickledOrderedDict:
-            return DICT, v
-        if t is list:
-            return LIST, v
-        if t is tuple:
-            return TUPLE, v
-        if t is set or t is frozenset:
-            return SET, v
-        if isinstance(v, OpaqueObject):
-            return OPAQUE, v
-        if t is NumpyArray:
-            node = conv.numpy_array(v)  # type: ignore[arg-type]
-            return (TENSOR if type(node) is TensorNode else OPAQUE), node
-        if t is NumpyScalar:
-            return LEAF, numpy_scalar_value(v)  # type: ignore[arg-type]
-        if t is StorageRef:
-            return TENSOR, storage_as_tensor(v)  # type: ignore[arg-type]
-        return LEAF, v  # dtype/device/layout markers, classes referenced as values, ...
-
     def _build(self, root: object, conv: Converter) -> None:
         limits = self.limits
         keys, names, parents, kinds, nodes = self.keys, self.names, self.parents, self.kinds, self.nodes
         by_key, spans = self.by_key, self._spans
-        classify = self._classify
         seen: dict[int, int] = {}  # id(container) -> its row: a container met again becomes a link
         keep_alive: list[object] = []  # containers whose id() is in `seen` (ids must not be reused)
         depth: dict[int, int] = {}

@@ -15,8 +15,19 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from .errors import CkptfsError, UnsupportedError
-from .index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE
-from .nodes import OpaqueObject, PickledOrderedDict, TensorNode, TorchDevice, TorchDType, TorchGlobal
+from .index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE, classify
+from .nodes import (
+    Call,
+    NumpyArray,
+    NumpyScalar,
+    OpaqueObject,
+    PickledOrderedDict,
+    StorageRef,
+    TensorNode,
+    TorchDevice,
+    TorchDType,
+    TorchGlobal,
+)
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
@@ -406,6 +417,8 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
     :class:`OpaqueValue`, containers recursively (bounded by the index's depth limit)."""
     if depth > ckpt.limits.max_depth:
         raise CkptfsError("value nests too deeply to materialise", file=ckpt.name)
+    if isinstance(v, (Call, NumpyArray, NumpyScalar, StorageRef)):  # recorded calls and pickled data
+        _kind, v = classify(v, ckpt.converter)
     if isinstance(v, TorchDType):
         return torch_dtype(v.dtype.name)
     if isinstance(v, TorchDevice):
@@ -414,11 +427,18 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
         attr = getattr(torch, v.qualname.rsplit(".", 1)[-1], None) if v.qualname.startswith("torch.") else None
         return attr if attr is not None else v.qualname
     if isinstance(v, TensorNode):
-        from .reader import TensorReader
+        row = next((i for i, n in enumerate(ckpt.index.nodes) if n is v), None)
+        if row is not None:  # the same node is a row (composites, numpy arrays): as entry_value makes it
+            return entry_value(ckpt, row, map_location, dtype)
+        reader = ckpt.node_reader(v)
+        if v.kind == "numpy" and "device" not in (v.extra or {}):  # a numpy array stays one (as entry_value)
+            import numpy as np
 
-        if ckpt.index.validator is not None:
-            ckpt.index.validator(v)
-        return build_tensor_from_reader(ckpt, TensorReader(v, file_name=ckpt.name), map_location, dtype)
+            from .dtypes import numpy_dtype
+
+            arr = np.frombuffer(reader.read(), dtype=numpy_dtype(v.dtype, (v.extra or {}).get("byteorder", "little")))
+            return arr.reshape(v.shape).copy()  # read() gives the logical C-order bytes
+        return build_tensor_from_reader(ckpt, reader, map_location, dtype)
     if isinstance(v, OpaqueObject):
         f = lambda x: to_plain(ckpt, x, map_location, dtype, depth + 1)  # noqa: E731
         return OpaqueValue(type(v).qualname, tuple(f(a) for a in v.args), {k: f(x) for k, x in v.kwargs.items()},

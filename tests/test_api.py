@@ -516,3 +516,27 @@ def test_large_strided_views_gather_in_tiles(tmp_path):
             assert ckpt.read(key) == want, key
             for off, size in ((0, 1 << 20), (4097, 300_001), (len(want) - 12345, 99999)):
                 assert ckpt.read(key, off, size) == want[off : off + size], (key, off)
+
+
+def test_lazy_load_materialises_tensors_inside_opaque_objects(tmp_path):
+    """Values of classes ckptfs does not import come back as OpaqueValue with their tensors built."""
+    import sys
+    import types
+
+    mod = types.ModuleType("ckptfs_test_opaque_mod")
+    exec("class AttrDict(dict):\n    pass\nclass NS:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)\n",
+         mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        obj = {"hp": mod.AttrDict(scale=torch.tensor([1.5]), lr=0.1),
+               "ns": mod.NS(w=torch.ones(2), arr=np.arange(3.0), name="x")}
+        p = tmp_path / "opq.pth"
+        torch.save(obj, p)
+    finally:
+        del sys.modules[mod.__name__]
+    sd = ckptfs.load(p)
+    hp, ns = sd["hp"], sd["ns"]
+    assert hp.qualname == "ckptfs_test_opaque_mod.AttrDict"
+    assert torch.equal(hp.items["scale"], torch.tensor([1.5])) and hp.items["lr"] == 0.1
+    assert torch.equal(ns.state["w"], torch.ones(2)) and ns.state["name"] == "x"
+    np.testing.assert_array_equal(ns.state["arr"], np.arange(3.0))

@@ -392,7 +392,8 @@ class ZipArchive:
         size = hdr["size"].astype(np.int64)
         csize = hdr["csize"].astype(np.int64)
         hoff = hdr["hoff"].astype(np.int64)
-        self._cd, self._name_start, self._nlen = cd, name_start.tolist(), nlen.tolist()
+        # the raw directory is needed while parsing only (raw names for messages); see _finish_names
+        self._cd, self._name_start, self._nlen = cd, name_start, nlen
         big = np.flatnonzero((size == U32) | (csize == U32) | (hoff == U32) | (hdr["dstart"] == U16))
         for i in big.tolist():
             epos = int(name_start[i] + nlen[i])
@@ -433,8 +434,7 @@ class ZipArchive:
         self._rows = rows
         self._hoff, self._csize, self._size, self._bound = hoff, csize, size, bound
         self._method, self._crc, self._flags = hdr["method"].copy(), hdr["crc"].copy(), flags.copy()
-        self._size_l: list[int] = size.tolist()
-        self._method_l: list[int] = self._method.tolist()
+        self._raw_exceptions = self._finish_names(names, root)
 
     def _names(self, buf: np.ndarray, name_start: np.ndarray, nlen: np.ndarray, flags: np.ndarray) -> str:
         """All entry names as one NUL-separated string, gathered and decoded at once."""
@@ -459,8 +459,20 @@ class ZipArchive:
             return "\x00".join(self._decode_name(self._raw_name(i), int(f)) for i, f in zip(range(count), flags.tolist()))
 
     def _raw_name(self, i: int) -> bytes:
-        start = self._name_start[i]
-        return self._cd[start : start + self._nlen[i]]
+        start = int(self._name_start[i])
+        return self._cd[start : start + int(self._nlen[i])]
+
+    def _finish_names(self, names: list[str], root: str) -> dict[int, bytes]:
+        """Drop the raw directory (it would stay in memory for the life of the archive): a name's raw
+        bytes are its UTF-8 encoding, except for the (rare) names that were not UTF-8, kept here."""
+        exceptions: dict[int, bytes] = {}
+        if any(not n.isascii() for n in names):
+            for i, n in enumerate(names):
+                raw = self._raw_name(i)
+                if raw != n.encode("utf-8", "surrogateescape"):
+                    exceptions[i] = raw
+        del self._cd, self._name_start, self._nlen
+        return exceptions
 
     def _entry_positions(self, cd: bytes, buf: np.ndarray, count: int) -> np.ndarray:
         """Start offsets of the entries: found by signature (vectorised) and checked to chain exactly
@@ -531,7 +543,8 @@ class ZipArchive:
             i = self._rows.get(name)
             if i is None:
                 return None
-            rec = ZipRecord(self, name, self._raw_name(i), int(self._hoff[i]), int(self._csize[i]),
+            raw = self._raw_exceptions.get(i) or (self.root + name).encode("utf-8")
+            rec = ZipRecord(self, name, raw, int(self._hoff[i]), int(self._csize[i]),
                             int(self._size[i]), int(self._method[i]), int(self._crc[i]), int(self._flags[i]))
             rec.end_bound = int(self._bound[i])
             self._records[name] = rec
@@ -546,9 +559,9 @@ class ZipArchive:
         i = self._rows.get(name)
         if i is None:
             return None
-        if self._method_l[i] not in (STORED, DEFLATED) or name.endswith("/"):
+        if self._method[i] not in (STORED, DEFLATED) or name.endswith("/"):
             return -1
-        return self._size_l[i]
+        return int(self._size[i])
 
     def names(self) -> list[str]:
         return list(self._rows)
