@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import CkptfsError
+from .errors import CkptfsError, oneline
 from .index import COMPOSITE, TENSOR
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
@@ -109,14 +109,14 @@ def run_check(args: argparse.Namespace) -> int:
             if problem == "skip":
                 skipped += 1
                 if args.verbose:
-                    print(paint(YELLOW, "SKIP ") + f"{key}: {meta.unsupported}")
+                    print(paint(YELLOW, "SKIP ") + f"{oneline(key)}: {oneline(str(meta.unsupported))}")
             elif problem:
                 bad += 1
-                print(paint(RED, "FAIL ") + f"{key}: {problem}")
+                print(paint(RED, "FAIL ") + f"{oneline(key)}: {oneline(str(problem))}")
             else:
                 ok += 1
                 if args.verbose:
-                    print(paint(GREEN, "OK   ") + f"{key}  {meta.dtype} {list(meta.shape or ())}")
+                    print(paint(GREEN, "OK   ") + f"{oneline(key)}  {meta.dtype} {list(meta.shape or ())}")
             if show_progress and (n % 100 == 0 or n == len(rows)):
                 sys.stderr.write(f"\r  {n}/{len(rows)} tensors checked ({time.monotonic() - start:.0f} s)")
                 sys.stderr.flush()
@@ -125,7 +125,7 @@ def run_check(args: argparse.Namespace) -> int:
         extra = _torch_only_tensors(ref, ckpt)
         for path in extra:
             bad += 1
-            print(paint(RED, "FAIL ") + f"{'.'.join(map(str, path))}: a tensor torch.load returns that ckptfs lacks")
+            print(paint(RED, "FAIL ") + f"{oneline('.'.join(map(str, path)))}: a tensor torch.load returns that ckptfs lacks")
     summary = f"{ok} tensors identical, {bad} mismatched, {skipped} not compared (kinds ckptfs does not serve)"
     print(paint(GREEN if not bad else RED, summary))
     return EXIT_MISMATCH if bad else EXIT_OK

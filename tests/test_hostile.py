@@ -178,6 +178,21 @@ def test_real_command(name: str, tmp_path: Path) -> None:
     assert not any(MARKERS.iterdir())
 
 
+def test_check_output_escaped(tmp_path: Path) -> None:
+    """`ckptfs check -v` (which compares with torch.load) prints hostile keys escaped too."""
+    import subprocess
+    import sys
+
+    case = next(c for c in CASES if c.name == "lie_hostile_keys")
+    path = case.materialise(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "ckptfs.cli", "check", "-v", str(path)], capture_output=True, timeout=120)
+    out = p.stdout.decode("utf-8")  # strict: a lone surrogate must not reach the output raw
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "20 tensors identical" in out
+    assert all(line.isprintable() for line in out.splitlines())
+    assert "\\x1b[2J" in out
+
+
 def test_cli_limit_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--limit NAME=VALUE reaches ckptfs.Limits from the command line (ls and info)."""
     from ckptfs.cli import main
