@@ -114,23 +114,30 @@ for _codec in ("raw-unicode-escape", "latin-1", "ascii", "utf-8"):  # what pickl
     codecs.lookup(_codec)  # looked up now, so that scanning a hostile pickle never imports a codec module
 _SHARING = frozenset({"BINGET", "LONG_BINGET", "GET", "DUP"})
 _PUTS = frozenset({"BINPUT", "LONG_BINPUT", "PUT"})
+_TUPLES = frozenset({"TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"})
 
 
 def _plainly_bounded(up: SafeUnpickler) -> bool:
     """True for a small pickle (the next one is under SMALL_PICKLE bytes) that never reuses an object
-    (no memo GET, no DUP) and keeps memo indices small: its objects form a tree of at most a few thousand
-    nodes, so hashing, nesting and memory are all bounded and the probe's fork can be skipped (torch's
-    small legacy header pickles, tiny checkpoints). Anything else, or anything unparsable, is probed."""
+    (no memo GET, no DUP), keeps memo indices small and builds at most 256 tuples: its objects form a tree
+    of at most a few thousand nodes with shallow tuples, so hashing, nesting and memory are all bounded
+    and the probe's fork can be skipped (torch's small legacy header pickles, tiny checkpoints). Anything
+    else, or anything unparsable, is probed."""
     if up._data is not None:
         head = bytes(up._data[:SMALL_PICKLE])
     else:
         peek = getattr(up._stream, "peek", None)
         head = peek(SMALL_PICKLE)[:SMALL_PICKLE] if peek is not None else b""
+    tuples = 0
     try:
         for op, arg, pos in pickletools.genops(head):
             name = op.name
             if name in _SHARING or name in _PUTS and arg >= SMALL_PICKLE:  # type: ignore[operator]
                 return False
+            if name in _TUPLES:
+                tuples += 1
+                if tuples > 256:  # nesting (and so C recursion when hashed) stays shallow on any thread stack
+                    return False
             if name == "STOP":
                 return True
     except Exception:  # noqa: BLE001 - cut short by the window, or malformed: probe it
