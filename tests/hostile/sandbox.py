@@ -50,6 +50,7 @@ PREIMPORT = (
     "numpy", "ml_dtypes", "json", "reprlib", "select", "resource", "hashlib", "encodings.cp437",
     "encodings.latin_1", "encodings.ascii", "encodings.utf_8", "fnmatch", "argparse", "zlib", "mmap",
     "ckptfs.namespace", "ckptfs.views", "traceback", "linecache", "tokenize",
+    "shutil",  # argparse's help formatter imports it lazily (terminal width); preloaded only under some venvs
 )
 
 
