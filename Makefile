@@ -24,6 +24,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test,bench]'
+	$(PY) -m compileall -q ckptfs  # as a regular install would: PYTHONDONTWRITEBYTECODE=1 must not cost every start
 	touch $@
 
 venv: $(VENV)/.installed
