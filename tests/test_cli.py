@@ -104,3 +104,16 @@ def test_check_refuses_unsafe_pickles_unless_trusted(tmp_path):
     assert r.returncode == 1 and "torch.load failed" in r.stderr and "--trust" in r.stderr
     r = run("ls", str(p))  # ckptfs itself indexes it: the object is opaque data, its tensor reachable
     assert r.returncode == 0 and "obj.w" in r.stdout
+
+
+def test_python_dash_m_ckptfs_is_the_command(model_file):
+    """``python -m ckptfs`` runs the same CLI as the console script (and, for ls, still without torch)."""
+    code = ("import runpy, sys; sys.argv = ['ckptfs', 'ls', '--json', sys.argv[1]]\n"
+            "try:\n    runpy.run_module('ckptfs', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules, 'python -m ckptfs ls imported torch'\n")
+    r = subprocess.run([sys.executable, "-c", code, str(model_file)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert {json.loads(x)["key"] for x in r.stdout.splitlines()} >= {"model.0.weight", "epoch", "half"}
+    r = subprocess.run([sys.executable, "-m", "ckptfs", "info", str(model_file)], capture_output=True, text=True)
+    assert r.returncode == 0 and "tensors     5" in r.stdout, r.stderr
