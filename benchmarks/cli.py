@@ -72,7 +72,10 @@ def _byte_compile_ckptfs() -> None:
 
     import ckptfs
 
-    compileall.compile_dir(os.path.dirname(ckptfs.__file__), quiet=1)
+    try:
+        compileall.compile_dir(os.path.dirname(ckptfs.__file__), quiet=1)
+    except OSError:  # an installed, read-only copy: pip compiled it already
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
