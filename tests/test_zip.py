@@ -161,3 +161,41 @@ def test_bad_crc_in_deflated_record_is_reported():
     arch = ZipArchive(BytesSource(bytes(data), "crc.zip"))
     with pytest.raises(FormatError, match="CRC"):
         arch.get("x").pread(0, 10)
+
+
+def _npz() -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, x=np.arange(3), y=np.ones(2))
+    return buf.getvalue()
+
+
+def _npy() -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(3))
+    return buf.getvalue()
+
+
+def _safetensors() -> bytes:
+    header = b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    return struct.pack("<Q", len(header)) + header + bytes(8)
+
+
+@pytest.mark.parametrize("data, said", [
+    (_npz(), "a NumPy .npz archive, not a torch checkpoint"),
+    (_npy(), "a NumPy .npy file, not a torch checkpoint"),
+    (_safetensors(), "a safetensors file, not a torch checkpoint (read it with safetensors.safe_open)"),
+    (b"GGUF\x03\x00\x00\x00" + bytes(40), "a GGUF file, not a torch checkpoint"),
+    (b"\x89HDF\r\n\x1a\n" + bytes(40), "an HDF5 file, not a torch checkpoint"),
+    (b"\xff\xff\x00\x00\x00\x00\x00\x00{" + bytes(40), "not a torch checkpoint (starts with"),  # header past EOF
+], ids=["npz", "npy", "safetensors", "gguf", "hdf5", "not-safetensors"])
+def test_other_formats_are_named(data, said):
+    """Files people mistake for checkpoints get one line naming what they are (no guessing on lookalikes)."""
+    from ckptfs.container import open_container
+
+    with pytest.raises(FormatError) as e:
+        open_container(BytesSource(data, "f.bin"))
+    assert said in str(e.value)

@@ -44,4 +44,27 @@ def open_container(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> Conta
     if head[:1] == b"\x80":
         raise FormatError("a bare pickle without torch's magic number (not a torch.save checkpoint)",
                           file=source.name)
+    other = other_format(head, source.size)
+    if other is not None:
+        what, hint = other
+        raise FormatError(f"{what}, not a torch checkpoint ({hint})", file=source.name)
     raise FormatError(f"not a torch checkpoint (starts with {head[:8]!r})", file=source.name)
+
+
+def other_format(head: bytes, size: int) -> tuple[str, str] | None:
+    """Name the (non-torch) format of a file people often mistake for a checkpoint, with how to read it."""
+    for magic, found in _OTHER_MAGICS:
+        if head.startswith(magic):
+            return found
+    if len(head) >= 9 and head[8:9] == b"{":  # safetensors: u64 little-endian header length, then JSON
+        n = int.from_bytes(head[:8], "little")
+        if 2 <= n <= size - 8:
+            return "a safetensors file", "read it with safetensors.safe_open"
+    return None
+
+
+_OTHER_MAGICS = (
+    (b"\x93NUMPY", ("a NumPy .npy file", "np.load(path, mmap_mode='r') reads it lazily")),
+    (b"GGUF", ("a GGUF file", "llama.cpp's format")),
+    (b"\x89HDF\r\n\x1a\n", ("an HDF5 file", "Keras / h5py")),
+)

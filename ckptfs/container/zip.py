@@ -405,6 +405,8 @@ class ZipArchive:
         # Root folder: everything before the first '/' of the first entry; every entry must be under it.
         slash = text.find("/")
         if slash <= 0 or "\x00" in text[:slash]:
+            if all(n.endswith(".npy") for n in text.split("\x00")):
+                raise self._fail("a NumPy .npz archive, not a torch checkpoint (np.load(path) reads it lazily)")
             raise self._fail("first entry is not inside a root folder (not a torch.save archive?)",
                              record=text.split("\x00", 1)[0])
         root = text[: slash + 1]
