@@ -191,7 +191,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if info.get("composite_tensors"):
         parts = ", ".join(f"{n} {k}" for k, n in info["composite_tensors"].items())
         print(f"composite   {parts} (tensors made of the tensors above: sparse, nested, per-channel quantized)")
-    print(f"elements    {info['elements']:,}")
+    n = info["elements"]
+    print(f"elements    {n:,}" + (f" ({_count(n)})" if n >= 1000 else ""))
     print(f"data        {human(info['tensor_bytes'])}")
     for dt, nb in info["bytes_per_dtype"].items():
         print(f"  {dt:<16}{info['tensors_per_dtype'][dt]:>7} tensors  {human(nb):>10}")
@@ -252,6 +253,14 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 # --- main -------------------------------------------------------------------------------------------------
+
+
+def _count(n: int) -> str:
+    """12,345,678 -> '12.3M' (K, M, B, T)."""
+    for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,7 @@ def test_ls_table_tree_json_and_patterns(model_file):
 def test_info_text_and_json(model_file):
     r = run("info", str(model_file), check=True)
     assert "format      zip" in r.stdout and "tensors     5" in r.stdout and "bfloat16" in r.stdout
+    assert "elements    47\n" in r.stdout  # 8*4 + 4 + 4 + 4 + 3; no "(47)" below a thousand
     info = json.loads(run("info", "--json", str(model_file), check=True).stdout)
     assert info["tensors"] == 5 and info["format"] == "zip" and info["byteorder"] == "little"
     assert info["bytes_per_dtype"]["bfloat16"] == 6
@@ -117,3 +118,9 @@ def test_python_dash_m_ckptfs_is_the_command(model_file):
     assert {json.loads(x)["key"] for x in r.stdout.splitlines()} >= {"model.0.weight", "epoch", "half"}
     r = subprocess.run([sys.executable, "-m", "ckptfs", "info", str(model_file)], capture_output=True, text=True)
     assert r.returncode == 0 and "tensors     5" in r.stdout, r.stderr
+
+
+def test_info_counts_read_like_model_cards():
+    from ckptfs.cli import _count
+
+    assert [_count(n) for n in (1_500, 50_414_643, 7_241_732_096, 1_200_000_000_000)] == ["1.5K", "50.4M", "7.2B", "1.2T"]
