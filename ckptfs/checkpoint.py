@@ -48,8 +48,10 @@ class Checkpoint:
                 obj, up = unpickle(data, strict=strict, limits=limits, file=self.name, record=record)
                 del data
                 self.unknown_globals = dict(up.unknown_globals)
-                self.index = Index(obj, limits=limits, converter=converter)
-                del obj, up
+                del up  # its memo would keep every unpickled object alive while the index is built
+                owned = [obj]
+                del obj
+                self.index = Index(owned, limits=limits, converter=converter, owned=True)
                 bind = getattr(self.container, "bind", None)
                 if bind is not None:  # legacy streams locate storages once their dtypes are known
                     bind(converter.refs)

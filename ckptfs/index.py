@@ -9,7 +9,8 @@ Keys join path components with "." (a state_dict key "a.b" stays "a.b"; ``{'mode
 
 from __future__ import annotations
 
-from typing import Callable
+import sys
+from typing import Callable, Iterator
 
 from .allowlist import TENSOR_CALLS
 from .convert import Converter, numpy_scalar_value, storage_as_tensor
@@ -158,7 +159,12 @@ class Index:
     ``order()`` gives depth-first (checkpoint) order for listings.
     """
 
-    def __init__(self, root: object, *, limits: Limits = DEFAULT_LIMITS, converter: Converter | None = None) -> None:
+    def __init__(self, root: object, *, limits: Limits = DEFAULT_LIMITS, converter: Converter | None = None,
+                 owned: bool = False) -> None:
+        """``owned=True``: ``root`` is a one-item list holding the unpickled object, which nothing else
+        refers to. Dicts that only the index holds are then emptied as their items become rows, so the
+        unpickled graph is freed while the index grows instead of after it (a lower peak, and less memory
+        the allocator keeps afterwards)."""
         self.limits = limits
         self.keys: list[str] = []
         self.names: list[object] = []
@@ -171,10 +177,10 @@ class Index:
         self._order: list[int] | None = None
         #: checks a TensorNode against its record on first use (set by the Checkpoint that owns the index)
         self.validator: Callable[[TensorNode], None] | None = None
-        self._build(root, converter or Converter(limits))
+        self._build(root.pop() if owned else root, converter or Converter(limits), owned)  # type: ignore[attr-defined]
 
     # --- building -------------------------------------------------------------------------------------
-    def _build(self, root: object, conv: Converter) -> None:
+    def _build(self, root: object, conv: Converter, drain: bool = False) -> None:
         limits = self.limits
         keys, names, parents, kinds, nodes = self.keys, self.names, self.parents, self.kinds, self.nodes
         by_key, spans = self.by_key, self._spans
@@ -202,6 +208,9 @@ class Index:
             seen[id(node)] = 0
             keep_alive.append(node)
             depth[0] = 0
+        del root  # from here the rows (and keep_alive) hold it, as they hold every container
+        node = v = None
+        sole = SOLE_HOLDERS
         i = 0
         while i < len(keys):
             k_i = kinds[i]
@@ -211,7 +220,12 @@ class Index:
             obj = nodes[i]
             d1 = depth[i] + 1
             if k_i == DICT:
-                items = obj.items()  # type: ignore[attr-defined]
+                if drain and sys.getrefcount(obj) == sole and type(obj) in PLAIN_DICTS:
+                    # only this index holds it (not an opaque object's state, not a shared value):
+                    # let each unpickled value go once it is a row
+                    items = _draining(obj)  # type: ignore[arg-type]
+                else:
+                    items = obj.items()  # type: ignore[attr-defined]
             elif k_i == OPAQUE:
                 items = opaque_children(obj)  # type: ignore[arg-type]
             elif k_i == COMPOSITE:
@@ -258,6 +272,7 @@ class Index:
                 parents.append(i)
                 kinds.append(kind)
                 nodes.append(node)
+            node = v = items = None  # no reference to the last child outlives this expansion (see `sole`)
             spans[i] = (first, len(keys) - first)
             nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
             if n_tensors > max_tensors:
@@ -336,6 +351,30 @@ class Index:
         """Rows of tensors and leaf values, in checkpoint order (what ``Checkpoint.keys()`` lists)."""
         kinds = self.kinds
         return [i for i in self.order() if kinds[i] == TENSOR or kinds[i] == LEAF]
+
+
+PLAIN_DICTS = (dict, PickledOrderedDict)
+
+
+def _sole_holders() -> int:
+    """sys.getrefcount() of a container held only by the index: the rows list, keep_alive, the loop's
+    local and getrefcount's own argument (measured, not assumed: interpreters count differently)."""
+    obj: dict = {}
+    rows, keep_alive = [obj], [obj]  # noqa: F841 - they hold it, as the index's lists do
+    return sys.getrefcount(obj)
+
+
+SOLE_HOLDERS = _sole_holders()
+
+
+def _draining(d: dict) -> Iterator[tuple]:
+    """``d.items()``, each value replaced by None in ``d`` as it is handed out (same size: iterating stays
+    valid; the key's hash is cached or was computed by the unpickler already), then ``d`` emptied."""
+    setitem = dict.__setitem__
+    for key, value in d.items():
+        setitem(d, key, None)
+        yield key, value
+    d.clear()
 
 
 def _container_info(obj: object) -> object:

@@ -540,3 +540,52 @@ def test_lazy_load_materialises_tensors_inside_opaque_objects(tmp_path):
     assert torch.equal(hp.items["scale"], torch.tensor([1.5])) and hp.items["lr"] == 0.1
     assert torch.equal(ns.state["w"], torch.ones(2)) and ns.state["name"] == "x"
     np.testing.assert_array_equal(ns.state["arr"], np.arange(3.0))
+
+
+def test_dicts_shared_with_opaque_objects_keep_their_items(tmp_path):
+    """Indexing empties the unpickled dicts only the index holds (memory); a dict an opaque object also
+    holds (its state, or a value in it) must reach load() whole, and rows for it exist too."""
+    import sys
+    import types
+
+    mod = types.ModuleType("ckptfs_test_shared_mod")
+    exec("class NS:\n    def __init__(self, **kw):\n        self.__dict__.update(kw)\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        inner = {"w": torch.arange(3.0), "n": 7}
+        nested = {"deep": {"t": torch.ones(2)}}
+        obj = {"alias": inner, "cfg": mod.NS(inner=inner, nested=nested), "nested": nested,
+               "plain": {"x": {"y": torch.zeros(1)}}}
+        p = tmp_path / "shared.pth"
+        torch.save(obj, p)
+    finally:
+        del sys.modules[mod.__name__]
+    ck = ckptfs.open(p)
+    assert {"alias.w", "alias.n", "plain.x.y"} <= set(ck.keys())
+    assert np.array_equal(ck.numpy("alias.w"), np.arange(3.0))
+    sd = ckptfs.load(p)
+    cfg = sd["cfg"]
+    assert torch.equal(cfg.state["inner"]["w"], torch.arange(3.0)) and cfg.state["inner"]["n"] == 7
+    assert torch.equal(cfg.state["nested"]["deep"]["t"], torch.ones(2))
+    assert torch.equal(sd["plain"]["x"]["y"], torch.zeros(1))
+
+
+def test_indexing_frees_the_unpickled_graph_as_it_goes(tmp_path):
+    """The peak of Python memory while opening 20,000 tensors stays well under what holding the whole
+    unpickled graph and the index at once costs (1,494 B/tensor before the graph was freed on the way;
+    ~1,100 after), so big checkpoints open in less memory. tracemalloc counts are deterministic."""
+    import gc
+    import tracemalloc
+
+    n = 20_000
+    p = tmp_path / "many.pth"
+    torch.save({f"layer.{i}.w": torch.ones(4) for i in range(n)}, p)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        ck = ckptfs.open(p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ck.index.n_tensors == n
+    assert peak / n < 1300, f"{peak / n:.0f} B per tensor at the peak"
