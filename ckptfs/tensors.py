@@ -63,21 +63,12 @@ def nbytes(t: TensorNode) -> int:
 
 
 def validate_all(index: "Index", container: Container | None, limits: Limits) -> None:
-    """Validate every tensor of an index (``ckptfs ls``, ``info``, ``check``): ensure_valid, inlined."""
+    """Validate every tensor of an index (``ckptfs ls``, ``info``, ``check``)."""
     kinds, nodes = index.kinds, index.nodes
     max_ndim = limits.max_ndim
     for i in range(len(kinds)):
-        if kinds[i] != "tensor":
-            continue
-        t = nodes[i]
-        if t.validated:
-            continue
-        if t.error is None and t.unsupported is None and t.parts is None and t.kind in STRIDED_KINDS:
-            ref = t.storage
-            if ref is not None and not ref.checked:
-                check_storage(ref, container)
-            t.error = check_geometry(t, max_ndim)
-        t.validated = True
+        if kinds[i] == "tensor" and not nodes[i].validated:
+            ensure_valid(nodes[i], container, max_ndim)
 
 
 def ensure_valid(t: TensorNode, container: Container | None, max_ndim: int) -> None:
