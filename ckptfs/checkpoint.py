@@ -15,14 +15,16 @@ from .errors import CkptfsError, TensorError, UnsupportedError
 from .index import COMPOSITE, CONTAINERS, LEAF, LINK, TENSOR, Index
 from .limits import DEFAULT_LIMITS, Limits
 from .meta import Meta
-from .nodes import OpaqueObject, PickledOrderedDict, TensorNode
+from .nodes import TensorNode
 from .reader import TensorReader
 from .source import ByteSource, open_source
-from .tensors import NO_DATA_KINDS, STRIDED_KINDS, ensure_valid, nbytes, numel, validate_all
+from .tensors import NO_DATA_KINDS, ensure_valid, nbytes, numel, validate_all
 from .unpickler import gc_paused, unpickle
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from .slicing import TensorSlice
 
 Key = "str | tuple"
 

@@ -20,7 +20,6 @@ from .nodes import (
     Call,
     Inert,
     NumpyArray,
-    NumpyDType,
     NumpyScalar,
     OpaqueObject,
     PickledOrderedDict,

@@ -19,13 +19,11 @@ import os
 import pickletools
 import signal
 import struct
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
