@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .checkpoint import Checkpoint
 from .errors import (
     CkptfsError,
     FormatError,
@@ -26,7 +25,8 @@ from .errors import (
     UnsupportedError,
 )
 from .limits import DEFAULT_LIMITS, Limits
-from .meta import Meta
+from .model.checkpoint import Checkpoint
+from .model.meta import Meta
 from .source import ByteSource, LocalFile
 
 __version__ = "0.1.0"
@@ -54,7 +54,7 @@ def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any =
     ``model.load_state_dict(ckptfs.load(p))`` copies from the page cache with no second copy in memory.
     Imports torch. Non-dict checkpoints are returned materialised.
     """
-    from .torch_compat import load as _load
+    from .torchio.tensors import load as _load
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
                  strict=strict, mmap=mmap)
@@ -62,6 +62,6 @@ def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any =
 
 def memmap(path: "str | os.PathLike[str]", mode: str = "r") -> Any:
     """``np.memmap`` of a tensor file in a ckptfs mount, with dtype and shape from its sidecar."""
-    from .views import memmap_from_sidecar
+    from .views.tree import memmap_from_sidecar
 
     return memmap_from_sidecar(os.fspath(path), mode)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
 

@@ -47,7 +47,7 @@ def require_fuse() -> None:
 
 
 def is_mounted(path: Path | str) -> bool:
-    from ckptfs.mount import mount_entry
+    from ckptfs.mount.daemon import mount_entry
 
     return mount_entry(str(path)) is not None
 

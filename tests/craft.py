@@ -138,7 +138,7 @@ def byteorder() -> str:
 def stored_bytes(t: torch.Tensor, order: str = sys.byteorder) -> bytes:
     """A tensor's C-contiguous content as torch.save stores it: conj / neg views as their underlying
     data (the bits are metadata), in ``order`` (what `ckptfs check` compares with, too)."""
-    from ckptfs.check import _torch_bytes
+    from ckptfs.torchio.check import _torch_bytes
 
     return _torch_bytes(t, order)
 

@@ -218,7 +218,7 @@ def test_lazy_load_dtype_cast_and_overrides(tmp_path):
     sd = ckptfs.load(p, dtype=torch.float16)
     assert sd["a"].dtype == torch.float16
     assert sd.get_meta("extra") is None
-    assert isinstance(sd["extra"], ckptfs.torch_compat.LazyStateDict) and sd["extra"]["x"] == 1
+    assert isinstance(sd["extra"], ckptfs.torchio.tensors.LazyStateDict) and sd["extra"]["x"] == 1
     sd["a"] = torch.zeros(2)
     assert sd["a"].shape == (2,)
     del sd["extra"]

@@ -12,7 +12,7 @@ import torch
 
 import ckptfs
 from ckptfs.cli import EXIT_OK, main
-from ckptfs.torch_compat import part_of
+from ckptfs.torchio.tensors import part_of
 from craft import Reduce, stored_bytes, throwaway_module, to_big_endian
 
 

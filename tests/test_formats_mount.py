@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckptfs
-from ckptfs.torch_compat import part_of
+from ckptfs.torchio.tensors import part_of
 from craft import LegacyTensor, RebuildV1, stored_bytes, throwaway_module, to_big_endian
 from test_formats_training import USER_CLASSES
 

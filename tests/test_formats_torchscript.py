@@ -10,7 +10,7 @@ import torch
 
 import ckptfs
 import ckptfs.container.torchscript  # noqa: F401 - imported before the audit window
-from ckptfs.check import _lookup
+from ckptfs.torchio.check import _lookup
 from ckptfs.cli import EXIT_ERROR, EXIT_OK, main
 from craft import stored_bytes
 from test_formats_training import audited

@@ -15,9 +15,9 @@ import torch
 import ckptfs
 import ckptfs.container.legacy  # noqa: F401 - imported before the audit window
 import ckptfs.container.torchzip  # noqa: F401
-import ckptfs.torch_compat  # noqa: F401
-from ckptfs.check import _lookup
-from ckptfs.torch_compat import OpaqueValue
+import ckptfs.torchio.tensors  # noqa: F401
+from ckptfs.torchio.check import _lookup
+from ckptfs.torchio.tensors import OpaqueValue
 from craft import stored_bytes, throwaway_module
 
 # --- an audit hook: nothing a pickle names may be imported, compiled, executed or spawned ----------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckptfs
-from ckptfs.check import _lookup
+from ckptfs.torchio.check import _lookup
 from craft import stored_bytes
 
 DATA = Path(__file__).parent / "data"

@@ -22,10 +22,10 @@ from helpers import torch_bytes
 from test_api import ALL_DTYPES, make, views
 
 import ckptfs
-from ckptfs.check import _lookup as lookup
-from ckptfs.check import _torch_bytes as stored_bytes
+from ckptfs.torchio.check import _lookup as lookup
+from ckptfs.torchio.check import _torch_bytes as stored_bytes
 from ckptfs.dtypes import DTYPES, numpy_dtype
-from ckptfs.namespace import SIDECAR_SUFFIX
+from ckptfs.views.namespace import SIDECAR_SUFFIX
 
 pytestmark = pytest.mark.mount
 

@@ -19,7 +19,7 @@ import torch
 from conftest import CKPTFS, Mounted, is_mounted, pid_alive, require_fuse, run_ckptfs, wait_gone
 from helpers import torch_bytes
 
-from ckptfs import mount as mountmod
+from ckptfs.mount import daemon as mountmod
 
 pytestmark = pytest.mark.mount
 
@@ -184,7 +184,7 @@ def test_mount_errors_are_one_line(ckpt, tmp_path, mount):
 def test_missing_fuse_pieces_are_named(tmp_path, monkeypatch):
     with pytest.raises(mountmod.MountError, match=r"/nonexistent/fuse is missing.*modprobe fuse"):
         mountmod.check_fuse({}, device="/nonexistent/fuse")
-    from ckptfs import fuse_ops
+    from ckptfs.mount import fuse_ops
 
     monkeypatch.setattr(fuse_ops, "find_library", lambda name: None)
     monkeypatch.delenv("FUSE_LIBRARY_PATH", raising=False)

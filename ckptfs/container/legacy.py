@@ -25,7 +25,7 @@ import io
 
 from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits
-from ..nodes import StorageRef
+from ..pickle.nodes import StorageRef
 from ..source import ByteSource
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -145,7 +145,7 @@ class LegacyStream:
 
     # --- the three header pickles ---------------------------------------------------------------------
     def _read_header(self) -> tuple[int, dict]:
-        from ..unpickler import SafeUnpickler
+        from ..pickle.unpickler import SafeUnpickler
 
         stream = _stream(self.source, 0, HEADER_WINDOW, "the legacy header")
         up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
@@ -191,7 +191,7 @@ class LegacyStream:
             self._bind_view(v)
 
     def _read_keys(self, at: int) -> tuple[list[str], int]:
-        from ..unpickler import SafeUnpickler
+        from ..pickle.unpickler import SafeUnpickler
 
         stream = _stream(self.source, at, self.limits.max_pickle_bytes, "the legacy storage key list")
         up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]

@@ -45,11 +45,12 @@ BANNED = (
 )
 #: Modules imported before the hook is installed (everything ckptfs uses when indexing / listing).
 PREIMPORT = (
-    "ckptfs", "ckptfs.cli", "ckptfs.checkpoint", "ckptfs.container.legacy", "ckptfs.container.zip",
-    "ckptfs.container.torchzip", "ckptfs.meta", "ckptfs.slicing", "ckptfs.reader", "ckptfs.tensors",
+    "ckptfs", "ckptfs.cli", "ckptfs.model.checkpoint", "ckptfs.container.legacy", "ckptfs.container.zip",
+    "ckptfs.container.torchzip", "ckptfs.model.meta", "ckptfs.model.slicing", "ckptfs.model.reader",
+    "ckptfs.model.tensors",
     "numpy", "ml_dtypes", "json", "reprlib", "select", "resource", "hashlib", "encodings.cp437",
     "encodings.latin_1", "encodings.ascii", "encodings.utf_8", "fnmatch", "argparse", "zlib", "mmap",
-    "ckptfs.namespace", "ckptfs.views", "traceback", "linecache", "tokenize",
+    "ckptfs.views.namespace", "ckptfs.views.tree", "traceback", "linecache", "tokenize",
     "shutil",  # argparse's help formatter imports it lazily (terminal width); preloaded only under some venvs
 )
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import sys
 from typing import Callable, Iterator
 
-from .allowlist import TENSOR_CALLS
-from .convert import Converter, numpy_scalar_value, storage_as_tensor
-from .errors import LimitError, brief
-from .limits import DEFAULT_LIMITS, Limits, MemoryGuard
-from .nodes import (
+from ..errors import LimitError, brief
+from ..limits import DEFAULT_LIMITS, Limits, MemoryGuard
+from ..pickle.allowlist import TENSOR_CALLS
+from ..pickle.nodes import (
     Call,
     Inert,
     NumpyArray,
@@ -26,6 +25,7 @@ from .nodes import (
     StorageRef,
     TensorNode,
 )
+from .convert import Converter, numpy_scalar_value, storage_as_tensor
 
 TENSOR, LEAF, DICT, LIST, TUPLE, SET, OPAQUE, LINK = ("tensor", "leaf", "dict", "list", "tuple", "set",
                                                       "opaque", "link")

@@ -22,9 +22,9 @@ import signal
 import time
 from typing import Iterator
 
+from ..errors import CkptfsError, LimitError, UnsafePickleError
+from ..limits import DEFAULT_LIMITS, Limits, memory_now
 from .allowlist import ALLOWED, MODULE_ALIASES
-from .errors import CkptfsError, LimitError, UnsafePickleError
-from .limits import DEFAULT_LIMITS, Limits, memory_now
 from .nodes import PersistentId, opaque_class
 
 

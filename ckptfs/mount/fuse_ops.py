@@ -24,7 +24,7 @@ import warnings
 from ctypes.util import find_library
 from typing import Any
 
-from .namespace import DIR, FILE, LINK
+from ..views.namespace import DIR, FILE, LINK
 
 log = logging.getLogger("ckptfs.mount")
 

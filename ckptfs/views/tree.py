@@ -23,16 +23,16 @@ import os
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .dtypes import DTYPES, numpy_dtype
-from .errors import CkptfsError, UnsupportedError
-from .index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
-from .meta import Meta, _jsonable
+from ..dtypes import DTYPES, numpy_dtype
+from ..errors import CkptfsError, UnsupportedError
+from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
+from ..model.meta import Meta, _jsonable
+from ..model.tensors import nbytes
 from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
-from .tensors import nbytes
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
+    from ..model.checkpoint import Checkpoint
 
 __all__ = ["CheckpointView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .dtypes import DTYPES, STORAGE_DTYPES, STORAGE_MODULES, UNTYPED_STORAGE
+from ..dtypes import DTYPES, STORAGE_DTYPES, STORAGE_MODULES, UNTYPED_STORAGE
 from .nodes import (
     Inert,
     NumpyArray,

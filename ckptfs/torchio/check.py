@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-from .errors import CkptfsError, oneline
-from .index import COMPOSITE, TENSOR
+from ..errors import CkptfsError, oneline
+from ..model.index import COMPOSITE, TENSOR
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
@@ -21,7 +21,7 @@ def _lookup(obj: Any, path: tuple) -> Any:
     """Follow a ckptfs path (original keys) through what torch.load returned."""
     import torch
 
-    from .torch_compat import part_of
+    from .tensors import part_of
 
     for part in path:
         if isinstance(obj, torch.Tensor) and isinstance(part, str):  # a part of a sparse / nested / quantized tensor
@@ -63,8 +63,8 @@ def _torch_bytes(t: Any, byteorder: str) -> bytes:
 def run_check(args: argparse.Namespace) -> int:
     import torch
 
-    from . import open as ckpt_open
-    from .cli import EXIT_MISMATCH, EXIT_OK
+    from .. import open as ckpt_open
+    from ..cli import EXIT_MISMATCH, EXIT_OK
 
     color = sys.stdout.isatty()
 

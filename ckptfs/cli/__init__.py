@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any, Sequence
 
-from . import __version__
-from .errors import CkptfsError, brief, oneline
+from .. import __version__
+from ..errors import CkptfsError, brief, oneline
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
@@ -38,8 +38,8 @@ def _shape(shape: Sequence[int] | None) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from . import open as ckpt_open
-    from .tensors import nbytes, validate_all
+    from .. import open as ckpt_open
+    from ..model.tensors import nbytes, validate_all
 
     with ckpt_open(args.checkpoint, strict=args.strict, limits=_limits(args)) as ckpt:
         index = ckpt.index
@@ -77,7 +77,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _limits(args: argparse.Namespace) -> Any:
     """``--limit NAME=VALUE`` options as a ckptfs.Limits (sizes accept K/M/G suffixes: 256M)."""
-    from .limits import DEFAULT_LIMITS, Limits
+    from ..limits import DEFAULT_LIMITS, Limits
 
     values: dict[str, Any] = {}
     for item in getattr(args, "limit", None) or []:
@@ -162,7 +162,7 @@ def _print_tree(ckpt: Any, rows: list, args: argparse.Namespace) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from . import open as ckpt_open
+    from .. import open as ckpt_open
 
     with ckpt_open(args.checkpoint, strict=args.strict, limits=_limits(args)) as ckpt:
         info = ckpt.info()
@@ -212,7 +212,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_code(args: argparse.Namespace) -> int:
     """A TorchScript archive's sources: the list, or one file's text (read only, never compiled)."""
-    from . import open as ckpt_open
+    from .. import open as ckpt_open
 
     with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
         files = ckpt.code_files()
@@ -232,7 +232,7 @@ def cmd_code(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .check import run_check
+    from ..torchio.check import run_check
 
     return run_check(args)
 
@@ -241,13 +241,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from .mount import mount_command
+    from ..mount.daemon import mount_command
 
     return mount_command(args)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from .mount import umount_command
+    from ..mount.daemon import umount_command
 
     return umount_command(args)
 

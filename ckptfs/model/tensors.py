@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .container.base import Container
-from .errors import CkptfsError
-from .limits import Limits
-from .nodes import StorageRef, TensorNode
+from ..container.base import Container
+from ..errors import CkptfsError
+from ..limits import Limits
+from ..pickle.nodes import StorageRef, TensorNode
 
 if TYPE_CHECKING:
     from .index import Index

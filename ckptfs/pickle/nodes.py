@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .dtypes import DType
-from .errors import UnsafePickleError
+from ..dtypes import DType
+from ..errors import UnsafePickleError
 
 
 class Inert:

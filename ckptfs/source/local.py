@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .errors import CkptfsError, StaleSourceError
+from ..errors import CkptfsError, StaleSourceError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .nodes import TensorNode
+from ..pickle.nodes import TensorNode
 from .reader import TensorReader
 from .tensors import STRIDED_KINDS
 
@@ -41,13 +41,15 @@ class TensorSlice:
     def __getitem__(self, index: Any) -> Any:
         view = self.view(index)
         if self.framework in ("pt", "torch"):
-            from .torch_compat import torch_dtype
             import torch
+
+            from ..torchio.tensors import torch_dtype
 
             out = torch.empty(view.shape, dtype=torch_dtype(view.dtype.name))
             r = TensorReader(view, file_name=self.ckpt.name, key=str(self.key))
-            from .torch_compat import _byteswap, _read_into_tensor
             import sys
+
+            from ..torchio.tensors import _byteswap, _read_into_tensor
 
             _read_into_tensor(r, out)
             if self.ckpt.byteorder != sys.byteorder:
@@ -55,7 +57,7 @@ class TensorSlice:
             return out
         import numpy as np
 
-        from .dtypes import numpy_dtype
+        from ..dtypes import numpy_dtype
 
         r = TensorReader(view, file_name=self.ckpt.name, key=str(self.key))
         return np.frombuffer(r.read(), dtype=numpy_dtype(view.dtype, self.ckpt.byteorder)).reshape(view.shape)

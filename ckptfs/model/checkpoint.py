@@ -8,18 +8,18 @@ import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .container import open_container
+from ..container import open_container
+from ..dtypes import numpy_dtype
+from ..errors import CkptfsError, TensorError, UnsupportedError
+from ..limits import DEFAULT_LIMITS, Limits
+from ..pickle.nodes import TensorNode
+from ..pickle.unpickler import gc_paused, unpickle
+from ..source import ByteSource, open_source
 from .convert import Converter
-from .dtypes import numpy_dtype
-from .errors import CkptfsError, TensorError, UnsupportedError
 from .index import COMPOSITE, CONTAINERS, LEAF, LINK, TENSOR, Index
-from .limits import DEFAULT_LIMITS, Limits
 from .meta import Meta
-from .nodes import TensorNode
 from .reader import TensorReader
-from .source import ByteSource, open_source
 from .tensors import NO_DATA_KINDS, ensure_valid, nbytes, numel, validate_all
-from .unpickler import gc_paused, unpickle
 
 if TYPE_CHECKING:
     import numpy as np
@@ -252,7 +252,7 @@ class Checkpoint:
         is a copy-on-write view of the file (like ``torch.load(mmap=True)``): no read, no copy until its
         pages are touched; writes stay private. Otherwise (or ``mmap=False``) its bytes are read.
         """
-        from .torch_compat import build_tensor
+        from ..torchio.tensors import build_tensor
 
         return build_tensor(self, key, map_location, mmap=mmap)
 

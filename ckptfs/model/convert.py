@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 
-from .allowlist import LEGACY_TENSOR_CALLS, LEGACY_TENSOR_DTYPES
-from .dtypes import DTYPES, UINT8, DType
-from .errors import LimitError, brief
-from .limits import DEFAULT_LIMITS, Limits
-from .nodes import (
+from ..dtypes import DTYPES, UINT8, DType
+from ..errors import LimitError, brief
+from ..limits import DEFAULT_LIMITS, Limits
+from ..pickle.allowlist import LEGACY_TENSOR_CALLS, LEGACY_TENSOR_DTYPES
+from ..pickle.nodes import (
     BUILT,
     Call,
     NumpyArray,
@@ -582,7 +582,7 @@ def _sparse_problem(layout: str, parts: tuple, shape: tuple) -> str | None:
 
 
 def _opaque_value(name: str, args: tuple) -> OpaqueObject:
-    from .allowlist import opaque_call
+    from ..pickle.allowlist import opaque_call
 
     return opaque_call(name, args)
 
@@ -686,7 +686,7 @@ def numpy_array_value(arr: NumpyArray) -> "TensorNode | OpaqueObject":
     are Python objects, perhaps tensors), an opaque ``numpy.ndarray`` whose children are its items."""
     st = getattr(arr, "state", None)
     if isinstance(st, tuple) and len(st) == 5 and isinstance(st[4], list):
-        from .nodes import opaque_class
+        from ..pickle.nodes import opaque_class
 
         cls = opaque_class("numpy.ndarray")
         obj = cls.__new__(cls)
@@ -720,7 +720,7 @@ def numpy_scalar_value(s: NumpyScalar) -> object:
         return s
     import numpy as np
 
-    from .dtypes import numpy_dtype
+    from ..dtypes import numpy_dtype
 
     return np.frombuffer(raw, dtype=numpy_dtype(dtype, order))[0].item()
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from .errors import CkptfsError, UnsupportedError
-from .index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE, classify
-from .nodes import (
+from ..errors import CkptfsError, UnsupportedError
+from ..model.index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE, classify
+from ..pickle.nodes import (
     Call,
     NumpyArray,
     NumpyScalar,
@@ -30,7 +30,7 @@ from .nodes import (
 )
 
 if TYPE_CHECKING:
-    from .checkpoint import Checkpoint
+    from ..model.checkpoint import Checkpoint
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -434,7 +434,7 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
         if v.kind == "numpy" and "device" not in (v.extra or {}):  # a numpy array stays one (as entry_value)
             import numpy as np
 
-            from .dtypes import numpy_dtype
+            from ..dtypes import numpy_dtype
 
             arr = np.frombuffer(reader.read(), dtype=numpy_dtype(v.dtype, (v.extra or {}).get("byteorder", "little")))
             return arr.reshape(v.shape).copy()  # read() gives the logical C-order bytes
@@ -457,7 +457,7 @@ def to_plain(ckpt: "Checkpoint", v: Any, map_location: Any, dtype: torch.dtype |
 
 def load(path: Any, map_location: Any = "cpu", dtype: torch.dtype | None = None, cache_tensors: bool = False,
          debug: bool = False, *, strict: bool = False, mmap: bool = True) -> Any:
-    from .checkpoint import Checkpoint
+    from ..model.checkpoint import Checkpoint
 
     ckpt = Checkpoint(path, strict=strict)
     if ckpt.index.kinds[0] == DICT:

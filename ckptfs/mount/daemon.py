@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from . import __version__
-from .errors import CkptfsError
+from .. import __version__
+from ..errors import CkptfsError
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -226,8 +226,8 @@ def mount_command(args: argparse.Namespace) -> int:
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    from . import open as ckpt_open
-    from .views import CheckpointView
+    from .. import open as ckpt_open
+    from ..views.tree import CheckpointView
 
     ckpt = ckpt_open(src, strict=args.strict)
     view = CheckpointView(ckpt, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")

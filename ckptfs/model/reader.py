@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .container.base import Record
-from .errors import LimitError, TensorError
-from .nodes import TensorNode
+from ..container.base import Record
+from ..errors import LimitError, TensorError
+from ..pickle.nodes import TensorNode
 from .tensors import NO_DATA_KINDS, STRIDED_KINDS, is_contiguous, nbytes, numel
+
 
 class TensorReader:
     """Serves byte ranges of one tensor's logical content."""
@@ -50,7 +51,7 @@ class TensorReader:
         self.contiguous = is_contiguous(t.shape, t.stride)  # type: ignore[arg-type]
 
     def _fail(self, msg: str, cls: type | None = TensorError) -> Exception:
-        from .errors import UnsupportedError
+        from ..errors import UnsupportedError
 
         record = None
         if self.t.storage is not None and self.t.storage.record is not None:

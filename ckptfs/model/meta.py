@@ -9,10 +9,8 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any, Callable
 
-from .errors import brief
-
-from .index import LEAF, LINK, TENSOR, Index
-from .nodes import (
+from ..errors import brief
+from ..pickle.nodes import (
     Inert,
     OpaqueObject,
     PickledOrderedDict,
@@ -22,6 +20,7 @@ from .nodes import (
     TorchDType,
     TorchGlobal,
 )
+from .index import LEAF, LINK, TENSOR, Index
 from .tensors import STRIDED_KINDS, is_contiguous, nbytes
 
 #: Fields a tensor's sidecar always has (docs/layout.md).
