@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .api.checkpoint import Checkpoint
 from .errors import (
     CkptfsError,
     FormatError,
@@ -25,14 +26,14 @@ from .errors import (
     UnsupportedError,
 )
 from .limits import DEFAULT_LIMITS, Limits
-from .model.checkpoint import Checkpoint
+from .model.catalog import Catalog
 from .model.meta import Meta
 from .source import ByteSource, LocalFile
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ByteSource", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
+    "ByteSource", "Catalog", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
     "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError", "load", "memmap", "open",
 ]
 
@@ -54,7 +55,7 @@ def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any =
     ``model.load_state_dict(ckptfs.load(p))`` copies from the page cache with no second copy in memory.
     Imports torch. Non-dict checkpoints are returned materialised.
     """
-    from .torchio.tensors import load as _load
+    from .api.load import load as _load
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
                  strict=strict, mmap=mmap)

@@ -29,8 +29,6 @@ class Limits:
     max_globals: int = 10_000
     #: Small text records (version, byteorder, ...) read whole.
     max_small_record: int = 4096
-    #: Largest deflated record decompressed whole in memory (bigger ones are inflated in windows).
-    max_inflate_whole: int = 64 << 20
     #: Memory one index build may take (the unpickled objects, then the index): the unpickling child's
     #: address space grows by at most this much, and the index build stops once the process's
     #: anonymous resident memory grew by this much.

@@ -218,7 +218,7 @@ def test_lazy_load_dtype_cast_and_overrides(tmp_path):
     sd = ckptfs.load(p, dtype=torch.float16)
     assert sd["a"].dtype == torch.float16
     assert sd.get_meta("extra") is None
-    assert isinstance(sd["extra"], ckptfs.torchio.tensors.LazyStateDict) and sd["extra"]["x"] == 1
+    assert isinstance(sd["extra"], ckptfs.torchio.state_dict.LazyStateDict) and sd["extra"]["x"] == 1
     sd["a"] = torch.zeros(2)
     assert sd["a"].shape == (2,)
     del sd["extra"]
@@ -272,7 +272,7 @@ def test_storage_alignment_4096_and_crc_less(tmp_path):
     with ckptfs.open(p) as ckpt:
         assert check_all(p, ref, ckpt) == 2
         assert ckpt.info()["container"][".storage_alignment"] == "4096"
-        rec = ckpt.container.storage_record("0")
+        rec = ckpt.container.archive.get("data/0")
         assert rec.data_offset % 4096 == 0 and rec.crc == 0
 
 

@@ -121,6 +121,6 @@ def test_python_dash_m_ckptfs_is_the_command(model_file):
 
 
 def test_info_counts_read_like_model_cards():
-    from ckptfs.cli import _count
+    from ckptfs.cli.common import count_text as _count
 
     assert [_count(n) for n in (1_500, 50_414_643, 7_241_732_096, 1_200_000_000_000)] == ["1.5K", "50.4M", "7.2B", "1.2T"]

@@ -157,7 +157,7 @@ def _storage_positions(path) -> list[tuple[str, int]]:
     src = LocalFile(path)
     with ckptfs.open(path) as ckpt:
         recs = ckpt.container.records
-        out = sorted(((k, r.offset - 8) for k, r in recs.items()), key=lambda x: x[1])
+        out = sorted(((k, r.start - 8) for k, r in recs.items()), key=lambda x: x[1])
     src.close()
     return out
 

@@ -29,7 +29,7 @@ def test_checkpoint_over_4gib(tmp_path):
     assert p.stat().st_size > 4 * GiB
     with ckptfs.open(p) as ckpt:
         assert ckpt.info()["container"]["zip64"]
-        rec = ckpt.container.storage_record("1")
+        rec = ckpt.container.archive.get("data/1")
         assert rec.data_offset > 4 * GiB  # the tail's data really lies past 4 GiB
         assert ckpt.read("tail") == torch_bytes(tail)
         assert ckpt.read("tail_t") == torch_bytes(tail.t())

@@ -5,12 +5,12 @@ from __future__ import annotations
 from ..errors import FormatError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource
-from .base import Container, Record
+from .base import Attachment, Container, ObjectGraph
 from .torchscript import TorchScriptZip, is_torchscript
 from .torchzip import TorchZip
 from .zip import is_zip
 
-__all__ = ["Container", "Record", "open_container", "sniff"]
+__all__ = ["Attachment", "Container", "ObjectGraph", "open_container", "sniff"]
 
 # torch's legacy MAGIC_NUMBER 0x1950a86a20f9469cfc6c, pickled as a 10-byte LONG1 (any protocol)
 LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")

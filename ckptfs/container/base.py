@@ -1,42 +1,76 @@
-"""What every container reader (zip, legacy stream) offers to the index and the readers above it."""
+"""The container seam: what every container reader (torch zip, legacy stream, TorchScript, ...) offers.
+
+A container knows which stored blobs exist and where their bytes are; it hands the layer above an
+*object graph* (what ``torch.load`` would rebuild, as inert data: unpickled with ckptfs's safe
+unpickler, or built from a table such as a safetensors header) whose storages it then serves as byte
+sources. A new format is one module implementing :class:`Container`, plus a line in
+:func:`ckptfs.container.open_container`'s sniffing.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from ..pickle.nodes import StorageRef
 from ..source import ByteSource
 
 
-class Record(Protocol):
-    """One stored blob (a storage's bytes, data.pkl, ...), read by offsets relative to its start."""
+@dataclass
+class ObjectGraph:
+    """The root object of a container, handed over once.
 
-    name: str  # container-relative name, e.g. "data/0"
-    size: int  # uncompressed size in bytes
+    ``take()`` returns it and forgets it, so that afterwards only the caller's index holds the graph (and
+    can free it piece by piece while indexing). ``record`` names where the graph came from (for errors);
+    ``unknown_globals`` counts the classes the unpickler did not import."""
 
-    def pread(self, offset: int, n: int) -> bytes: ...
+    root: list[object]
+    record: str
+    unknown_globals: dict[str, int] = field(default_factory=dict)
 
-    def preadinto(self, buf: memoryview, offset: int) -> int: ...
+    def take(self) -> object:
+        return self.root.pop()
 
-    def file_span(self) -> tuple[int, int] | None:
-        """(absolute offset in the source, size) when the bytes are stored verbatim, else None."""
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file a container carries besides its object graph (a TorchScript archive's ``code/`` sources),
+    served read-only and byte-exact. ``group`` says what it is; ``path`` is '/'-separated as stored."""
+
+    group: str
+    path: str
+    size: int
+    open: Callable[[], ByteSource]
 
 
 class Container(Protocol):
-    kind: str  # "zip", "legacy"
+    kind: str  # "zip", "legacy", "torchscript"
     source: ByteSource
     byteorder: str  # "little" / "big": byte order of storage data
-    info: dict  # format facts for `ckptfs info` (root, records, versions ...)
+    info: dict[str, Any]  # format facts for `ckptfs info` (root, records, versions ...)
 
-    def pickle_bytes(self) -> bytes:
-        """The main pickle (``data.pkl`` in a zip)."""
+    def object_graph(self, strict: bool) -> ObjectGraph:
+        """The root object, as inert data (raises a CkptfsError naming the record on failure)."""
+        ...
 
-    def storage_record(self, key: str) -> Record:
-        """The record holding storage ``key`` (raises FormatError / TensorError)."""
+    def bind(self, refs: Mapping[str, StorageRef]) -> None:
+        """Called once the graph's storages are known (the legacy stream locates its storages only then)."""
+        ...
 
     def storage_size(self, key: str) -> int:
-        """Size in bytes of storage ``key``'s record, refusing as storage_record does (cheap: no record object)."""
+        """Size in bytes of storage ``key``, refusing as :meth:`storage_source` does (cheap: no objects made)."""
+        ...
+
+    def storage_source(self, key: str) -> ByteSource:
+        """The bytes of storage ``key`` (raises FormatError / TensorError)."""
+        ...
 
     def record_name(self, key: str) -> str:
         """How the container names storage ``key``'s record, for messages and sidecars."""
+        ...
+
+    def attachments(self) -> Sequence[Attachment]:
+        """Files carried besides the object graph (none for most formats)."""
+        ...
 
     def close(self) -> None: ...

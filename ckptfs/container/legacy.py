@@ -22,11 +22,14 @@ byte ranges of the file, served by pread like stored zip records.
 from __future__ import annotations
 
 import io
+from typing import Any, Mapping, Sequence
 
 from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits
-from ..pickle.nodes import StorageRef
-from ..source import ByteSource
+from ..pickle.nodes import StorageRef, StorageViewRef
+from ..pickle.unpickler import SafeUnpickler, unpickle
+from ..source import ByteSource, SubRange
+from .base import Attachment, ObjectGraph
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -80,49 +83,6 @@ def _stream(source: ByteSource, start: int, limit: int, what: str) -> io.Buffere
     return io.BufferedReader(_Window(source, start, limit, what), buffer_size=1 << 16)
 
 
-class LegacyRecord:
-    """One storage's bytes: a byte range of the file."""
-
-    __slots__ = ("archive", "name", "key", "offset", "size")
-
-    def __init__(self, container: "LegacyStream", key: str, offset: int, size: int) -> None:
-        self.archive = container  # readers look for ``record.archive.source`` (mmap)
-        self.key = key
-        self.name = f"storages/{key}"
-        self.offset = offset
-        self.size = size
-
-    @property
-    def label(self) -> str:
-        return f"storages/{self.key}"
-
-    def file_span(self) -> tuple[int, int]:
-        return self.offset, self.size
-
-    def pread(self, offset: int, n: int) -> bytes:
-        if n < 0 or offset < 0:
-            raise ValueError("negative offset or size")
-        n = max(0, min(n, self.size - offset))
-        if n == 0:
-            return b""
-        data = self.archive.source.pread(self.offset + offset, n)
-        if len(data) != n:
-            raise FormatError("storage data is truncated", file=self.archive.source.name, record=self.name)
-        return data
-
-    def preadinto(self, buf: memoryview, offset: int) -> int:
-        n = max(0, min(len(buf), self.size - offset))
-        if n == 0:
-            return 0
-        got = self.archive.source.preadinto(buf[:n], self.offset + offset)
-        if got != n:
-            raise FormatError("storage data is truncated", file=self.archive.source.name, record=self.name)
-        return n
-
-    def __repr__(self) -> str:
-        return f"LegacyRecord({self.key!r}, offset={self.offset}, size={self.size})"
-
-
 class LegacyStream:
     """A legacy (non-zip) torch.save stream."""
 
@@ -132,12 +92,12 @@ class LegacyStream:
     def __init__(self, source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> None:
         self.source = source
         self.limits = limits
-        self.records: dict[str, LegacyRecord] = {}
+        self.records: dict[str, SubRange] = {}
         self.errors: dict[str, str] = {}  # storage key -> why its bytes cannot be located
         self.bound = False
         self._main: io.BufferedReader | None = None
         self.main_start, self.sys_info = self._read_header()
-        self.info: dict = {"kind": "legacy", "magic": hex(MAGIC_NUMBER), "protocol_version": PROTOCOL_VERSION,
+        self.info: dict[str, Any] = {"kind": "legacy", "magic": hex(MAGIC_NUMBER), "protocol_version": PROTOCOL_VERSION,
                            "sys_info": self.sys_info, "byteorder": "little", "pickle_offset": self.main_start}
 
     def _fail(self, msg: str, record: str | None = None) -> FormatError:
@@ -145,7 +105,6 @@ class LegacyStream:
 
     # --- the three header pickles ---------------------------------------------------------------------
     def _read_header(self) -> tuple[int, dict]:
-        from ..pickle.unpickler import SafeUnpickler
 
         stream = _stream(self.source, 0, HEADER_WINDOW, "the legacy header")
         up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
@@ -168,13 +127,16 @@ class LegacyStream:
         return stream.tell(), info
 
     # --- the object pickle -----------------------------------------------------------------------------
-    def pickle_bytes(self) -> io.BufferedReader:
-        """The object pickle as a stream (its end is found by unpickling it: see the module doc)."""
+    def object_graph(self, strict: bool) -> ObjectGraph:
+        """The object pickle, read as a stream (its end is found by unpickling it: see the module doc)."""
         self._main = _stream(self.source, self.main_start, self.limits.max_pickle_bytes, "the legacy object pickle")
-        return self._main
+        obj, up = unpickle(self._main, strict=strict, limits=self.limits, file=self.source.name, record="pickle")
+        graph = ObjectGraph([obj], "pickle", dict(up.unknown_globals))
+        del obj, up
+        return graph
 
     # --- storages --------------------------------------------------------------------------------------
-    def bind(self, refs: dict[str, StorageRef]) -> None:
+    def bind(self, refs: Mapping[str, StorageRef]) -> None:
         """Locate every storage once the pickle's references (dtype, numel) are known."""
         if self.bound:
             return
@@ -186,12 +148,11 @@ class LegacyStream:
         self.info["storage_keys"] = len(keys)
         self.info["data_offset"] = data_start
         self._walk(keys, data_start, refs)
-        views = [r for r in refs.values() if getattr(r, "root", None) is not None]
+        views = [r for r in refs.values() if type(r) is StorageViewRef and r.root is not None]
         for v in views:
             self._bind_view(v)
 
     def _read_keys(self, at: int) -> tuple[list[str], int]:
-        from ..pickle.unpickler import SafeUnpickler
 
         stream = _stream(self.source, at, self.limits.max_pickle_bytes, "the legacy storage key list")
         up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
@@ -215,7 +176,7 @@ class LegacyStream:
             out.append(k)
         return out, stream.tell()
 
-    def _walk(self, keys: list[str], off: int, refs: dict[str, StorageRef]) -> None:
+    def _walk(self, keys: list[str], off: int, refs: Mapping[str, StorageRef]) -> None:
         size = self.source.size
         win_start, win = 0, b""
         lost: str | None = None  # once set, the bytes of every later storage cannot be located
@@ -225,8 +186,7 @@ class LegacyStream:
                 continue
             if key in self.records or key in self.errors:
                 self.errors[key] = f"storage key {key!r} is listed twice in the stream"
-                if self.records.pop(key, None) is not None and refs.get(key) is not None:
-                    refs[key].record = None
+                self.records.pop(key, None)
                 lost = f"follows storage {key!r}, which is listed twice"
                 continue
             ref = refs.get(key)
@@ -253,33 +213,28 @@ class LegacyStream:
                 self.errors[key] = (f"the stream holds {count} elements for storage {key!r}; the pickle declares "
                                     f"{ref.numel} (torch.load refuses this: wrong byte size)")
             else:
-                rec = LegacyRecord(self, key, start, nbytes)
-                self.records[key] = rec
-                if ref.record is None and ref.error is None:
-                    ref.record = rec
+                self.records[key] = SubRange(self.source, start, nbytes, self.record_name(key))
             off = start + nbytes
         self.info["data_end"] = off
         if lost is None and off < size:
             self.info["trailing_bytes"] = size - off
 
-    def _bind_view(self, v: StorageRef) -> None:
+    def _bind_view(self, v: StorageViewRef) -> None:
         """A storage view (old files): a slice of its root storage's record."""
-        root: StorageRef = v.root  # type: ignore[attr-defined]
+        root = v.root
+        assert root is not None
         rec = self.records.get(root.key)
         if rec is None:
             self.errors[v.key] = f"view of storage {root.key!r}: " + self.errors.get(root.key, "root is not in the stream")
             return
-        start = v.view_offset * root.itemsize  # type: ignore[attr-defined]
+        start = v.view_offset * root.itemsize
         if start + v.nbytes > rec.size:
             self.errors[v.key] = (f"storage view {v.key!r} [{start}, {start + v.nbytes}) lies outside its root "
                                   f"storage {root.key!r} of {rec.size} bytes")
             return
-        view = LegacyRecord(self, v.key, rec.offset + start, v.nbytes)
-        self.records[v.key] = view
-        if v.record is None and v.error is None:
-            v.record = view
+        self.records[v.key] = SubRange(rec, start, v.nbytes, self.record_name(v.key))
 
-    def storage_record(self, key: str) -> LegacyRecord:
+    def storage_source(self, key: str) -> ByteSource:
         rec = self.records.get(key)
         if rec is None:
             why = self.errors.get(key) or "storage is not in the stream's storage list"
@@ -287,11 +242,14 @@ class LegacyStream:
         return rec
 
     def storage_size(self, key: str) -> int:
-        return self.storage_record(key).size
+        return self.storage_source(key).size
 
     def record_name(self, key: str) -> str:
         """Storages have no names in the stream: ``storages/<key>`` (the data follows its 8-byte count)."""
         return f"storages/{key}"
+
+    def attachments(self) -> Sequence[Attachment]:
+        return ()
 
     def close(self) -> None:
         self.source.close()

@@ -13,6 +13,9 @@ does (CVE-2025-32434). The sources are readable as text through :meth:`TorchScri
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from .base import Attachment
 from .torchzip import TorchZip
 
 CODE_DIR = "code/"
@@ -28,7 +31,7 @@ class TorchScriptZip(TorchZip):
 
     kind = "torchscript"
 
-    def __init__(self, z: TorchZip) -> None:  # noqa: super-init-not-called - adopts an opened archive
+    def __init__(self, z: TorchZip) -> None:  # adopts an opened archive: no super().__init__
         self.__dict__.update(z.__dict__)
         names = self.archive.names()
         self.code_names = sorted(n for n in names if n.startswith(CODE_DIR) and n.endswith(".py"))
@@ -40,21 +43,12 @@ class TorchScriptZip(TorchZip):
         info["other_pickles"] = sorted(n for n in names if n.endswith(".pkl") and n != "data.pkl"
                                        and not n.startswith(CODE_DIR))
 
-    def code_files(self) -> list[str]:
-        """Paths of the TorchScript sources, relative to ``code/`` (``__torch__.py``, ...)."""
-        return [n[len(CODE_DIR):] for n in self.code_names]
-
-    def code_size(self, path: str) -> int:
-        """A source file's size in bytes (from the directory: nothing is inflated)."""
-        rec = self.archive.get(CODE_DIR + path)
-        if rec is None or not path.endswith(".py"):
-            raise KeyError(path)
-        return rec.size
-
-    def read_code(self, path: str) -> bytes:
-        """One source file's text (inflated; bounded by Limits.max_pickle_bytes)."""
-        rec = self.archive.get(CODE_DIR + path)
-        if rec is None or not path.endswith(".py"):
-            raise KeyError(path)
-        rec.check_servable()
-        return rec.read_all(self.limits.max_pickle_bytes)
+    def attachments(self) -> Sequence[Attachment]:
+        """The TorchScript sources (``code/**.py``), group "code", paths relative to ``code/``; inflated
+        only when read."""
+        out = []
+        for name in self.code_names:
+            rec = self.archive.get(name)
+            if rec is not None:
+                out.append(Attachment("code", name[len(CODE_DIR):], rec.size, rec.data))
+        return out

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
 from ..errors import FormatError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
+from ..pickle.nodes import StorageRef
+from ..pickle.unpickler import unpickle
 from ..source import ByteSource
+from .base import Attachment, ObjectGraph
 from .zip import DEFLATED, STORED, ZipArchive, ZipRecord
 
 INFO_RECORDS = (".format_version", ".storage_alignment", "version", ".data/version", ".data/serialization_id")
@@ -44,9 +49,9 @@ class TorchZip:
                              record=self.archive.root + "byteorder")
         return raw.decode()
 
-    def _info(self) -> dict:
+    def _info(self) -> dict[str, Any]:
         arch = self.archive
-        info: dict = {"root": arch.root.rstrip("/"), "records": len(arch), "zip64": arch.zip64,
+        info: dict[str, Any] = {"root": arch.root.rstrip("/"), "records": len(arch), "zip64": arch.zip64,
                       "byteorder": self.byteorder, "byteorder_record": arch.has("byteorder")}
         for name in INFO_RECORDS:
             try:
@@ -70,7 +75,18 @@ class TorchZip:
         except TensorError as e:
             raise self._fail(e.reason, record=self.archive.root + rec.name) from None
 
-    def storage_record(self, key: str) -> ZipRecord:
+    def object_graph(self, strict: bool) -> ObjectGraph:
+        record = self.archive.root + self.pickle_record.name
+        data = self.pickle_bytes()
+        obj, up = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record)
+        graph = ObjectGraph([obj], record, dict(up.unknown_globals))
+        del obj, up  # the unpickler's memo would keep every unpickled object alive
+        return graph
+
+    def bind(self, refs: Mapping[str, StorageRef]) -> None:
+        return None  # records are found by name: nothing to locate
+
+    def _storage_entry(self, key: str) -> ZipRecord:
         name = "data/" + key
         rec = self.archive.get(name)
         root = self.archive.root
@@ -84,17 +100,23 @@ class TorchZip:
                               record=root + name)
         return rec
 
+    def storage_source(self, key: str) -> ByteSource:
+        return self._storage_entry(key).data()
+
     def record_name(self, key: str) -> str:
         """The full entry name of storage ``key`` (what `unzip -l` shows)."""
         return f"{self.archive.root}data/{key}"
 
     def storage_size(self, key: str) -> int:
-        """Size of storage ``key``'s record, with the same refusals as :meth:`storage_record`, without
+        """Size of storage ``key``'s record, with the same refusals as :meth:`storage_source`, without
         creating a record object (validation of 20k tensors stays cheap)."""
         size = self.archive.size_of("data/" + key)
         if size is None or size < 0:
-            return self.storage_record(key).size  # raises the precise error
+            return self._storage_entry(key).size  # raises the precise error
         return size
+
+    def attachments(self) -> Sequence[Attachment]:
+        return ()
 
     def close(self) -> None:
         self.source.close()

@@ -17,13 +17,13 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FormatError, LimitError, TensorError
+from ..errors import FormatError, LimitError
 from ..limits import DEFAULT_LIMITS, Limits
-from ..source import ByteSource
+from ..source import ByteSource, FileRegion, Identity, SubRange
 
 # --- on-disk structures -----------------------------------------------------------------------------
 EOCD = struct.Struct("<4s4H2LH")  # sig, disk, cd disk, entries here, entries, cd size, cd offset, comment len
@@ -61,7 +61,7 @@ class ZipRecord:
     header on first use."""
 
     __slots__ = ("archive", "name", "raw_name", "header_offset", "compress_size", "size", "method", "crc",
-                 "flags", "end_bound", "_data_offset", "_inflater")
+                 "flags", "end_bound", "_data_offset", "_data")
 
     def __init__(self, archive: "ZipArchive", name: str, raw_name: bytes, header_offset: int,
                  compress_size: int, size: int, method: int, crc: int, flags: int) -> None:
@@ -76,7 +76,7 @@ class ZipRecord:
         self.flags = flags
         self.end_bound = 0  # where the next entry (or the central directory) starts
         self._data_offset: int | None = None
-        self._inflater: _Inflater | None = None
+        self._data: ByteSource | None = None
 
     @property
     def label(self) -> str:
@@ -127,7 +127,7 @@ class ZipRecord:
             )
         return data_offset
 
-    # --- reading (Record protocol) -------------------------------------------------------------------
+    # --- reading ---------------------------------------------------------------------------------------
     def check_servable(self) -> None:
         if self.is_dir:
             raise self._fail("is a directory entry, not data")
@@ -140,54 +140,67 @@ class ZipRecord:
             raise self._fail(f"compression method {self.method} is not supported (only stored and deflate)")
         self.data_offset  # noqa: B018 - validates the local header
 
-    def file_span(self) -> tuple[int, int] | None:
-        if self.method != STORED:
-            return None
-        self.check_servable()
-        return self.data_offset, self.size
-
-    def pread(self, offset: int, n: int) -> bytes:
-        if n < 0 or offset < 0:
-            raise ValueError("negative offset or size")
-        n = max(0, min(n, self.size - offset))
-        if n == 0:
-            return b""
-        self.check_servable()
-        if self.method == STORED:
-            data = self.archive.source.pread(self.data_offset + offset, n)
-            if len(data) != n:
-                raise self._fail("record data is truncated")
-            return data
-        return self._inflate().read(offset, n)
-
-    def preadinto(self, buf: memoryview, offset: int) -> int:
-        n = max(0, min(len(buf), self.size - offset))
-        if n == 0:
-            return 0
-        self.check_servable()
-        if self.method == STORED:
-            got = self.archive.source.preadinto(buf[:n], self.data_offset + offset)
-            if got != n:
-                raise self._fail("record data is truncated")
-            return n
-        buf[:n] = self._inflate().read(offset, n)
-        return n
+    def data(self) -> ByteSource:
+        """The record's (uncompressed) bytes as a source: a range of the archive for a stored record, an
+        inflating source for a deflated one. Validates the local header first (FormatError)."""
+        if self._data is None:
+            self.check_servable()
+            with self.archive.lock:
+                if self._data is None:
+                    if self.method == STORED:
+                        self._data = SubRange(self.archive.source, self.data_offset, self.size, self.label)
+                    else:
+                        self._data = InflatedRecord(self)
+        return self._data
 
     def read_all(self, limit: int) -> bytes:
         if self.size > limit:
             raise LimitError(f"record of {self.size} bytes is over the limit of {limit}",
                              file=self.archive.source.name, record=self.archive.root + self.name)
-        return self.pread(0, self.size)
-
-    def _inflate(self) -> "_Inflater":
-        if self._inflater is None:
-            with self.archive.lock:
-                if self._inflater is None:
-                    self._inflater = _Inflater(self)
-        return self._inflater
+        return self.data().pread(0, self.size)
 
     def __repr__(self) -> str:
         return f"ZipRecord({self.name!r}, size={self.size}, method={self.method})"
+
+
+class InflatedRecord:
+    """A deflated record's uncompressed bytes as a (read-only, non-local) source, inflated on demand."""
+
+    __slots__ = ("record", "name", "label", "size", "read_size", "_inflater")
+
+    def __init__(self, record: ZipRecord) -> None:
+        self.record = record
+        self.name = record.archive.source.name
+        self.label = record.label
+        self.size = record.size
+        self.read_size = _Inflater.BLOCK
+        self._inflater = _Inflater(record)
+
+    def pread(self, offset: int, n: int) -> bytes:
+        if n < 0 or offset < 0:
+            raise ValueError("negative offset or size")
+        n = max(0, min(n, self.size - offset))
+        return self._inflater.read(offset, n) if n else b""
+
+    def preadinto(self, buf: memoryview, offset: int) -> int:
+        data = self.pread(offset, len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def identity(self) -> Identity:
+        return self.record.archive.source.identity()
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        self.record.archive.source.check_unchanged(thorough)
+
+    def region(self) -> FileRegion | None:
+        return None
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class _Inflater:
@@ -591,7 +604,3 @@ def _show(raw: bytes) -> str:
 
 def is_zip(head: bytes) -> bool:
     return head[:4] == ZIP_MAGIC
-
-
-def missing_record(source: ByteSource, root: str, name: str) -> TensorError:
-    return TensorError("record is missing from the archive", file=source.name, record=root + name)

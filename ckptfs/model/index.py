@@ -1,16 +1,18 @@
-"""The index: the unpickled object graph flattened into typed entries, each tensor validated.
+"""The index: an object graph (unpickled, or built by a container) flattened into typed rows.
 
-One iterative walk over what the safe unpickler built (never recursive: 10^6-deep nesting fails with a
-LimitError, not a crash). Shared objects are visited once: a container reached a second time becomes
-a ``link`` entry to its first path (a memo "billion laughs" DAG costs its size, not its expansion).
-Keys join path components with "." (a state_dict key "a.b" stays "a.b"; ``{'model': {'fc.w': t}}`` gives
-"model.fc.w"); each entry also keeps its parent, so the exact path of original keys is recoverable.
+One iterative walk over the graph (never recursive: 10^6-deep nesting fails with a LimitError, not a
+crash); recorded calls become nodes on the way (:mod:`ckptfs.model.convert`). Shared objects are visited
+once: a container reached a second time becomes a ``link`` row to its first path (a memo "billion
+laughs" DAG costs its size, not its expansion). Keys join path components with "." (a state_dict key
+"a.b" stays "a.b"; ``{'model': {'fc.w': t}}`` gives "model.fc.w"); each row also keeps its parent, so the
+exact path of original keys is recoverable. Tensors are checked against their storages later, on first
+use (:mod:`ckptfs.model.tensors`). :meth:`Index.merged` indexes several files' graphs as one tree.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..errors import LimitError, brief
 from ..limits import DEFAULT_LIMITS, Limits, MemoryGuard
@@ -164,6 +166,25 @@ class Index:
         refers to. Dicts that only the index holds are then emptied as their items become rows, so the
         unpickled graph is freed while the index grows instead of after it (a lower peak, and less memory
         the allocator keeps afterwards)."""
+        self._init_columns(limits)
+        conv = converter or Converter(limits)
+        self._build(root.pop() if owned else root, [conv], None, owned)  # type: ignore[attr-defined]
+
+    @classmethod
+    def merged(cls, members: Sequence[tuple[str, object, Converter]], *, flat: bool,
+               limits: Limits = DEFAULT_LIMITS) -> Index:
+        """One index over several files' object graphs ``(name, root, converter)``.
+
+        ``flat``: the members' top-level dicts are united into one (a sharded state_dict); a key an earlier
+        member already has is kept under ``key#2`` (the index's duplicate rule) and listed in
+        ``conflicts``. A member whose root is not a dict, and every member when not ``flat``, is placed
+        under its name instead. ``owners[row]`` is the member a row comes from (-1 for the root)."""
+        self = cls.__new__(cls)
+        self._init_columns(limits)
+        self._build(None, [m[2] for m in members], list(members), False, flat)
+        return self
+
+    def _init_columns(self, limits: Limits) -> None:
         self.limits = limits
         self.keys: list[str] = []
         self.names: list[object] = []
@@ -174,12 +195,16 @@ class Index:
         self._spans: dict[int, tuple[int, int]] = {}  # container row -> (first child row, count)
         self.n_tensors = 0
         self._order: list[int] | None = None
-        #: checks a TensorNode against its record on first use (set by the Checkpoint that owns the index)
+        #: per row, the member it came from (merged indexes only)
+        self.owners: list[int] | None = None
+        #: merged indexes: (key, first member, member whose key was renamed, the new key)
+        self.conflicts: list[tuple[str, int, int, str]] = []
+        #: checks a TensorNode against its record on first use (set by the catalog that owns the index)
         self.validator: Callable[[TensorNode], None] | None = None
-        self._build(root.pop() if owned else root, converter or Converter(limits), owned)  # type: ignore[attr-defined]
 
     # --- building -------------------------------------------------------------------------------------
-    def _build(self, root: object, conv: Converter, drain: bool = False) -> None:
+    def _build(self, root: object, convs: list[Converter], members: list[tuple[str, object, Converter]] | None,
+               drain: bool = False, flat: bool = False) -> None:
         limits = self.limits
         keys, names, parents, kinds, nodes = self.keys, self.names, self.parents, self.kinds, self.nodes
         by_key, spans = self.by_key, self._spans
@@ -189,13 +214,73 @@ class Index:
         max_depth, max_nodes, max_tensors = limits.max_depth, limits.max_nodes, limits.max_tensors
         max_key_bytes = limits.max_key_bytes
         key_bytes = 0
+        n_tensors = 0
         guard = MemoryGuard(limits.max_memory, "indexing")
-        next_check = 1 << 16  # rows; the memory guard is consulted every 64k new rows
         dups: dict[str, int] = {}  # key -> next "#n" suffix to try (dedupe stays linear)
+        owners = self.owners = [-1] if members is not None else None
         v2 = V2_CALL
-        v2_convert = conv.v2
 
-        kind, node = classify(root, conv)
+        def expand(i: int, items: Iterable[tuple[object, object]], n_items: int, m: int) -> None:
+            """Append the rows of ``items`` (children of row ``i``, from member ``m``)."""
+            nonlocal key_bytes, n_tensors
+            # locals, not closure cells, in the loop below (it runs once per row)
+            keys_, names_, parents_, kinds_, nodes_, by_key_ = keys, names, parents, kinds, nodes, by_key
+            seen_, keep_alive_, classify_ = seen, keep_alive, classify
+            conv = convs[m]
+            v2_convert = conv.v2
+            prefix = keys[i] + "." if i else ""
+            first = len(keys)
+            d1 = depth[i] + 1
+            if first + n_items > max_nodes:
+                raise LimitError(f"more than {max_nodes} objects in the checkpoint")
+            # dotted keys repeat their parent's key: a long key over many children (or nested, memo-shared
+            # long keys) would cost far more memory than the pickle holds
+            if key_bytes + len(prefix) * n_items > max_key_bytes:
+                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all (long keys under "
+                                 f"{n_items} children of {prefix[:60]!r}...)")
+            for name, v in items:
+                if type(v) is v2:  # the common case first: a plain tensor
+                    kind, node = TENSOR, v2_convert(v)
+                else:
+                    kind, node = classify_(v, conv)
+                key = prefix + (name if type(name) is str else component(name))
+                row = len(keys_)
+                if by_key_.setdefault(key, row) != row:
+                    old = key
+                    key = _dedupe(key, by_key_, dups)
+                    by_key_[key] = row
+                    if owners is not None and i == 0 and owners[by_key_[old]] != m:
+                        self.conflicts.append((old, owners[by_key_[old]], m, key))
+                if kind == TENSOR:
+                    n_tensors += 1
+                    if n_tensors > max_tensors:
+                        raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
+                elif kind in CONTAINERS:
+                    oid = id(node)
+                    target = seen_.get(oid)
+                    if target is not None:
+                        kind, node = LINK, target
+                    else:
+                        if d1 > max_depth:
+                            raise LimitError(f"containers nest deeper than {max_depth} levels (at {key[:80]!r})")
+                        seen_[oid] = row
+                        keep_alive_.append(node)
+                        depth[row] = d1
+                keys_.append(key)
+                names_.append(name)
+                parents_.append(i)
+                kinds_.append(kind)
+                nodes_.append(node)
+            if owners is not None:
+                owners.extend([m] * (len(keys) - first))
+            key_bytes += sum(map(len, keys[first:]))
+            if key_bytes > max_key_bytes:
+                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all")
+
+        if members is None:
+            kind, node = classify(root, convs[0])
+        else:
+            kind, node = DICT, None
         keys.append("")
         names.append(None)
         parents.append(-1)
@@ -208,8 +293,17 @@ class Index:
             keep_alive.append(node)
             depth[0] = 0
         del root  # from here the rows (and keep_alive) hold it, as they hold every container
-        node = v = None
+        if members is not None:  # the root of a merged index: the members' top-level items, or the members
+            for m, (name, obj, conv) in enumerate(members):
+                if flat and type(obj) in PLAIN_DICTS:
+                    expand(0, obj.items(), len(obj), m)  # type: ignore[attr-defined]
+                else:
+                    expand(0, [(name, obj)], 1, m)
+            spans[0] = (1, len(keys) - 1)
+            members = None
+        node = None
         sole = SOLE_HOLDERS
+        next_check = 1 << 16  # rows; the memory guard is consulted every 64k new rows
         i = 0
         while i < len(keys):
             k_i = kinds[i]
@@ -217,7 +311,7 @@ class Index:
                 i += 1
                 continue
             obj = nodes[i]
-            d1 = depth[i] + 1
+            items: Iterable[tuple[object, object]]
             if k_i == DICT:
                 if drain and sys.getrefcount(obj) == sole and type(obj) in PLAIN_DICTS:
                     # only this index holds it (not an opaque object's state, not a shared value):
@@ -231,54 +325,12 @@ class Index:
                 items = obj.parts  # type: ignore[attr-defined]
             else:
                 items = enumerate(obj)  # type: ignore[call-overload]
-            prefix = keys[i] + "." if i else ""
             first = len(keys)
             n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
-            if first + n_items > max_nodes:
-                raise LimitError(f"more than {max_nodes} objects in the checkpoint")
-            # dotted keys repeat their parent's key: a long key over many children (or nested, memo-shared
-            # long keys) would cost far more memory than the pickle holds
-            if key_bytes + len(prefix) * n_items > max_key_bytes:
-                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all (long keys under "
-                                 f"{n_items} children of {prefix[:60]!r}...)")
-            for name, v in items:
-                if type(v) is v2:  # the common case first: a plain tensor
-                    kind, node = TENSOR, v2_convert(v)
-                else:
-                    kind, node = classify(v, conv)
-                key = prefix + (name if type(name) is str else component(name))
-                row = len(keys)
-                if by_key.setdefault(key, row) != row:
-                    key = _dedupe(key, by_key, dups)
-                    by_key[key] = row
-                if kind == TENSOR:
-                    n_tensors += 1
-                    if n_tensors > max_tensors:
-                        raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
-                elif kind in CONTAINERS:
-                    oid = id(node)
-                    target = seen.get(oid)
-                    if target is not None:
-                        kind, node = LINK, target
-                    else:
-                        if d1 > max_depth:
-                            raise LimitError(f"containers nest deeper than {max_depth} levels (at {key[:80]!r})")
-                        seen[oid] = row
-                        keep_alive.append(node)
-                        depth[row] = d1
-                keys.append(key)
-                names.append(name)
-                parents.append(i)
-                kinds.append(kind)
-                nodes.append(node)
-            node = v = items = None  # no reference to the last child outlives this expansion (see `sole`)
+            expand(i, items, n_items, owners[i] if owners is not None else 0)
+            items = None  # type: ignore[assignment]  # no reference to the last child outlives this expansion (see `sole`)
             spans[i] = (first, len(keys) - first)
             nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
-            if n_tensors > max_tensors:
-                raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
-            key_bytes += sum(map(len, keys[first:]))
-            if key_bytes > max_key_bytes:
-                raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all")
             if len(keys) >= next_check:
                 guard.check()
                 next_check = len(keys) + (1 << 16)

@@ -7,7 +7,7 @@ every key of a 200k-tensor checkpoint costs little. ``to_dict()`` gives the JSON
 from __future__ import annotations
 
 from itertools import islice
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import brief
 from ..pickle.nodes import (
@@ -36,14 +36,12 @@ FIELDS = ("key", "kind", "path", "dtype", "shape", "stride", "storage_offset", "
 class Meta:
     """Metadata of one entry. Tensor fields are None for other kinds; see docs/api.md for each field."""
 
-    __slots__ = ("_index", "_row", "_byteorder", "_record_name")
+    __slots__ = ("_index", "_row", "_byteorder")
 
-    def __init__(self, index: Index, row: int, byteorder: str,
-                 record_name: Callable[[str], str] = lambda key: f"data/{key}") -> None:
+    def __init__(self, index: Index, row: int, byteorder: str = "little") -> None:
         self._index = index
         self._row = row
-        self._byteorder = byteorder
-        self._record_name = record_name  # storage key -> the container's name for its record
+        self._byteorder = byteorder  # of the file, for tensors without a storage of their own
 
     # --- every kind ---
     @property
@@ -121,7 +119,9 @@ class Meta:
         t = self._t
         if t is None:
             return None
-        return (t.extra or {}).get("byteorder", self._byteorder)
+        ref = t.storage
+        default = ref.owner.byteorder if ref is not None and ref.owner is not None else self._byteorder
+        return (t.extra or {}).get("byteorder", default)
 
     @property
     def numpy_dtype(self) -> str | None:
@@ -143,7 +143,9 @@ class Meta:
     def record(self) -> str | None:
         """The container record holding the storage, e.g. "archive/data/0"."""
         ref = self._ref
-        return None if ref is None else self._record_name(ref.key)
+        if ref is None:
+            return None
+        return ref.owner.record_name(ref.key) if ref.owner is not None else f"data/{ref.key}"
 
     @property
     def storage_key(self) -> str | None:

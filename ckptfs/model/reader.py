@@ -1,107 +1,98 @@
-"""Reading a tensor's logical bytes: what ``t.contiguous().numpy().tobytes()`` would give, by range.
+"""A tensor's logical bytes: what ``t.contiguous().numpy().tobytes()`` would give, planned as pieces.
 
-A C-contiguous tensor is one byte range of its record: a read is one ``pread``. Any other strided
-view (transposed, sliced, expanded with stride 0, channels_last) is gathered with numpy from the
-storage bytes it touches, in blocks (never a Python loop per element). Bytes are in the file's byte
-order, exactly as stored.
+A C-contiguous tensor is one byte range of its storage: its content is one range piece and a read is one
+``pread``. Any other strided view (transposed, sliced, expanded with stride 0, channels_last) is a
+computed piece, gathered with numpy from the storage bytes it touches, in blocks (never a Python loop per
+element). Bytes are in the file's byte order, exactly as stored.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..container.base import Record
-from ..errors import LimitError, TensorError
+from ..errors import CkptfsError, LimitError, TensorError, UnsupportedError
 from ..pickle.nodes import TensorNode
+from ..source import ByteSource, FileRegion
+from .extents import Computed, Content, Literal, Piece, source_range
 from .tensors import NO_DATA_KINDS, STRIDED_KINDS, is_contiguous, nbytes, numel
 
 
-class TensorReader:
-    """Serves byte ranges of one tensor's logical content."""
+class TensorData:
+    """The logical bytes of one tensor, planned as pieces (:class:`~ckptfs.model.extents.Content`): a range
+    of its storage when it is C-contiguous, its pickled bytes for an inline numpy array, a gather for any
+    other strided view."""
 
-    __slots__ = ("t", "record", "size", "base", "contiguous", "inline", "file_name", "key")
+    __slots__ = ("t", "storage", "size", "base", "contiguous", "inline", "file_name", "key", "content")
 
-    def __init__(self, t: TensorNode, *, file_name: str = "", key: str = "") -> None:
+    def __init__(self, t: TensorNode, storage: ByteSource | None, *, file_name: str = "", key: str = "") -> None:
         self.t = t
         self.file_name = file_name
         self.key = key
         self.size = nbytes(t)
         self.inline: bytes | None = None
-        self.record: Record | None = None
+        self.storage = storage
         self.base = 0
         self.contiguous = False
         if t.error is not None:
             raise self._fail(t.error)
         if t.kind in NO_DATA_KINDS:  # meta tensors, storage-less wrapper subclasses: nothing to read
             self.inline, self.contiguous = b"", True
-            return
-        if t.kind == "numpy" and t.extra and "inline" in t.extra and t.unsupported is None:
+        elif t.kind == "numpy" and t.extra and "inline" in t.extra and t.unsupported is None:
             self.inline = t.extra["inline"]
             self.contiguous = not t.extra.get("fortran_order") or len(t.shape) < 2
-            return
-        if t.unsupported is not None and t.kind not in STRIDED_KINDS:
-            raise self._fail(t.unsupported, cls=None)
-        if t.kind not in STRIDED_KINDS:
+        elif t.unsupported is not None and t.kind not in STRIDED_KINDS:
+            raise self._fail(t.unsupported, cls=UnsupportedError)
+        elif t.kind not in STRIDED_KINDS:
             raise self._fail(f"{t.kind} tensors are not served")
-        ref = t.storage
-        if ref is None or ref.record is None:
-            raise self._fail("storage record is not resolved")
-        self.record = ref.record  # type: ignore[assignment]
-        self.base = t.storage_offset * t.dtype.itemsize
-        self.contiguous = is_contiguous(t.shape, t.stride)  # type: ignore[arg-type]
+        else:
+            if storage is None:
+                raise self._fail("storage record is not resolved")
+            self.base = t.storage_offset * t.dtype.itemsize
+            self.contiguous = is_contiguous(t.shape, t.stride)  # type: ignore[arg-type]
+        self.content = Content(self._pieces())
 
-    def _fail(self, msg: str, cls: type | None = TensorError) -> Exception:
-        from ..errors import UnsupportedError
+    def _pieces(self) -> list[Piece]:
+        if self.size == 0:
+            return []
+        if self.contiguous:
+            if self.inline is not None:
+                return [Literal(self.inline[: self.size])]
+            assert self.storage is not None
+            return [source_range(self.storage, self.base, self.size)]
+        sources = (self.storage,) if self.storage is not None else ()
+        return [Computed(self.size, self._gather_into, "strided gather", sources)]
 
+    def _fail(self, msg: str, cls: type[CkptfsError] = TensorError) -> CkptfsError:
+        storage = self.t.storage
         record = None
-        if self.t.storage is not None and self.t.storage.record is not None:
-            record = self.t.storage.record.name  # type: ignore[attr-defined]
+        if storage is not None and storage.owner is not None:
+            record = storage.owner.record_name(storage.key)
         where = f"{self.key} ({record})" if record and self.key else (self.key or record)
-        return (cls or UnsupportedError)(msg, file=self.file_name, record=where)
+        return cls(msg, file=self.file_name, record=where)
 
     # --- public -----------------------------------------------------------------------------------------
     def read(self, offset: int = 0, size: int = -1) -> bytes:
-        offset, size = self._clip(offset, size)
-        if size == 0:
-            return b""
+        """Bytes [offset, offset + size) of the logical content (to the end when ``size`` < 0)."""
+        if offset < 0:
+            raise ValueError("negative offset")
         try:
-            if self.contiguous:
-                if self.inline is not None:
-                    return self.inline[offset : offset + size]
-                return self.record.pread(self.base + offset, size)  # type: ignore[union-attr]
-            out = bytearray(size)
-            self._gather_into(memoryview(out), offset)
-            return bytes(out)
+            return self.content.read(offset, size)
         except MemoryError:  # e.g. a 4 TiB expanded view (stride 0) asked for whole
-            raise self._fail(f"reading {size} bytes at once does not fit in memory; read the tensor in ranges",
-                             cls=LimitError) from None
+            raise self._fail(f"reading {size if size >= 0 else self.size - offset} bytes at once does not fit in "
+                             "memory; read the tensor in ranges", cls=LimitError) from None
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         """Fill ``buf`` with logical bytes from ``offset``; returns the count (short only at the end)."""
-        offset, size = self._clip(offset, len(buf))
-        if size == 0:
-            return 0
-        buf = buf[:size]
-        if self.contiguous:
-            if self.inline is not None:
-                buf[:] = self.inline[offset : offset + size]
-                return size
-            got = self.record.preadinto(buf, self.base + offset)  # type: ignore[union-attr]
-            if got != size:
-                raise self._fail("record data is truncated")
-            return size
-        self._gather_into(buf, offset)
-        return size
+        return self.content.readinto(buf, offset)
 
-    def _clip(self, offset: int, size: int) -> tuple[int, int]:
-        if offset < 0:
-            raise ValueError("negative offset")
-        if size < 0 or offset + size > self.size:
-            size = max(0, self.size - offset)
-        return offset, size
+    def region(self) -> FileRegion | None:
+        """Where the whole tensor lies in a local file (it is one stored range): zero-copy maps, else None."""
+        single = self.content.single_range()
+        return None if single is None else single.region()
 
     # --- strided gather -----------------------------------------------------------------------------------
     def _gather_into(self, out: memoryview, offset: int) -> None:
+        """Logical bytes [offset, offset + len(out)) of a strided view, gathered (a Computed piece's fill)."""
         t = self.t
         itemsize = t.dtype.itemsize
         elem = _ELEMENT[itemsize]
@@ -123,26 +114,26 @@ class TensorReader:
         t = self.t
         itemsize = t.dtype.itemsize
         shape, stride = t.shape, t.stride
+        region = self.storage.region() if self.storage is not None else None
+        buf: object
         if self.inline is not None:  # a Fortran-ordered numpy array: its storage is the pickled bytes
             buf, start = self.inline, t.storage_offset * itemsize
-        else:
-            rec = self.record
-            span = rec.file_span()  # type: ignore[union-attr]
-            src = getattr(getattr(rec, "archive", None), "source", None)
-            if span is not None and hasattr(src, "mmap"):
-                # the whole storage through the page cache: only the pages the view touches are read
-                buf, start = src.mmap(), span[0] + t.storage_offset * itemsize  # type: ignore[union-attr]
-            else:  # deflated or remote: read the storage span of the rows this range touches
-                inner = numel(shape[1:]) if shape else 1
-                if shape and inner:
-                    i_lo, i_hi = e0 // inner, (e1 - 1) // inner
-                    shape = (i_hi - i_lo + 1,) + tuple(shape[1:])
-                    e0, e1 = e0 - i_lo * inner, e1 - i_lo * inner
-                    origin = t.storage_offset + i_lo * stride[0]  # type: ignore[index]
-                else:
-                    origin = t.storage_offset
-                buf = rec.pread(origin * itemsize, (_span(shape, stride) + 1) * itemsize)  # type: ignore[union-attr, arg-type]
-                start = 0
+        elif region is not None:
+            # the whole storage through the page cache: only the pages the view touches are read
+            mapped, at = region.mapping()
+            buf, start = mapped, at + t.storage_offset * itemsize
+        else:  # deflated or remote: read the storage span of the rows this range touches
+            inner = numel(shape[1:]) if shape else 1
+            if shape and inner:
+                i_lo, i_hi = e0 // inner, (e1 - 1) // inner
+                shape = (i_hi - i_lo + 1,) + tuple(shape[1:])
+                e0, e1 = e0 - i_lo * inner, e1 - i_lo * inner
+                origin = t.storage_offset + i_lo * stride[0]  # type: ignore[index]
+            else:
+                origin = t.storage_offset
+            assert self.storage is not None
+            buf = self.storage.pread(origin * itemsize, (_span(shape, stride) + 1) * itemsize)  # type: ignore[arg-type]
+            start = 0
         view = np.ndarray(tuple(shape), dtype=_ELEMENT[itemsize], buffer=buf, offset=start,
                           strides=tuple(s * itemsize for s in stride))  # type: ignore[union-attr]
         _copy_range(view, e0, e1, dst)

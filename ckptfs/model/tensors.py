@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..container.base import Container
 from ..errors import CkptfsError
 from ..limits import Limits
 from ..pickle.nodes import StorageRef, TensorNode
@@ -62,16 +61,16 @@ def nbytes(t: TensorNode) -> int:
     return numel(t.shape) * t.dtype.itemsize
 
 
-def validate_all(index: "Index", container: Container | None, limits: Limits) -> None:
+def validate_all(index: Index, limits: Limits) -> None:
     """Validate every tensor of an index (``ckptfs ls``, ``info``, ``check``)."""
     kinds, nodes = index.kinds, index.nodes
     max_ndim = limits.max_ndim
     for i in range(len(kinds)):
-        if kinds[i] == "tensor" and not nodes[i].validated:
-            ensure_valid(nodes[i], container, max_ndim)
+        if kinds[i] == "tensor" and not nodes[i].validated:  # type: ignore[attr-defined]
+            ensure_valid(nodes[i], max_ndim)  # type: ignore[arg-type]
 
 
-def ensure_valid(t: TensorNode, container: Container | None, max_ndim: int) -> None:
+def ensure_valid(t: TensorNode, max_ndim: int) -> None:
     """Check a strided tensor against its storage and record once (on first use: opening a 20k-tensor
     checkpoint does not pay for tensors nobody reads); sets ``t.error`` on the first problem."""
     if t.validated:
@@ -79,25 +78,21 @@ def ensure_valid(t: TensorNode, container: Container | None, max_ndim: int) -> N
     if t.error is None and t.unsupported is None and t.parts is None and t.kind in STRIDED_KINDS:
         ref = t.storage
         if ref is not None and not ref.checked:
-            check_storage(ref, container)
+            check_storage(ref)
         t.error = check_geometry(t, max_ndim)
     t.validated = True
 
 
-def validate(t: TensorNode, container: Container | None, limits: Limits) -> None:
-    ensure_valid(t, container, limits.max_ndim)
-
-
-def check_storage(ref: StorageRef, container: Container | None) -> None:
+def check_storage(ref: StorageRef) -> None:
     """The storage's record must exist and hold exactly the bytes the pickle declares."""
     ref.checked = True
     if ref.error is not None:
         return
-    if container is None:
+    if ref.owner is None:
         ref.error = "no container to read storages from"
         return
     try:
-        size = container.storage_size(ref.key)
+        size = ref.owner.storage_size(ref.key)
     except CkptfsError as e:
         ref.error = e.reason if e.record is None else f"{e.record}: {e.reason}"
         return

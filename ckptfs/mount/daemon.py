@@ -1,4 +1,4 @@
-"""``ckptfs mount`` / ``ckptfs umount``: checks, daemonizing, readiness, stale mounts.
+"""Mounting and unmounting: checks, daemonizing, readiness, stale mounts (the CLI's mount/umount).
 
 ``ckptfs mount SRC MNT`` checks everything it can first (checkpoint, mountpoint, /dev/fuse, libfuse,
 allow_other), indexes the checkpoint, then forks (before any thread is started) and returns only once
@@ -9,7 +9,6 @@ busy one, ``fusermount -uz``, and says which happened.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import logging
@@ -23,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import __version__
@@ -211,28 +211,49 @@ def _setup_logging(debug: bool, logfile: str | None, foreground: bool) -> None:
 # --- mount ----------------------------------------------------------------------------------------------------
 
 
-def mount_command(args: argparse.Namespace) -> int:
-    src = os.path.abspath(args.checkpoint)
-    mnt = os.path.realpath(args.mountpoint)
-    debug = bool(getattr(args, "debug", False))
-    foreground = bool(args.foreground or debug and not getattr(args, "log", None))
-    options = parse_options(args.options)
+@dataclass
+class MountRequest:
+    """What ``ckptfs mount`` was asked to do."""
+
+    checkpoint: str
+    mountpoint: str
+    options: dict[str, Any] = field(default_factory=dict)  # -o options, parsed (parse_options)
+    foreground: bool = False
+    debug: bool = False  # log every FUSE call (implies foreground unless there is a log file)
+    strict: bool = False
+    threads: bool = False
+    log: str | None = None
+
+
+def warnings_for(options: dict[str, Any]) -> list[str]:
+    """Options that work but that users rarely want, with why."""
+    out = []
     if options.get("direct_io"):
-        print("ckptfs: warning: -o direct_io makes np.memmap on the mount fail (ENODEV) and disables the "
-              "page cache", file=sys.stderr)
+        out.append("-o direct_io makes np.memmap on the mount fail (ENODEV) and disables the page cache")
+    return out
+
+
+def mount(req: MountRequest) -> None:
+    """Mount ``req.checkpoint`` at ``req.mountpoint``: in the foreground until unmounted, or as a daemon,
+    returning once the mount answers. Raises MountError (or any CkptfsError of indexing) with why not."""
+    src = os.path.abspath(req.checkpoint)
+    mnt = os.path.realpath(req.mountpoint)
+    debug = req.debug
+    foreground = bool(req.foreground or debug and not req.log)
+    options = req.options
     if options.get("rw"):
         raise MountError("the mount is read-only; -o rw is not possible")
     check_checkpoint(src)
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    from .. import open as ckpt_open
-    from ..views.tree import CheckpointView
+    from ..model.catalog import Catalog
+    from ..views.tree import TreeView
 
-    ckpt = ckpt_open(src, strict=args.strict)
-    view = CheckpointView(ckpt, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
-    threads = bool(getattr(args, "threads", False))
-    logfile = os.path.abspath(args.log) if getattr(args, "log", None) else None
+    catalog = Catalog.open(src, strict=req.strict)
+    view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
+    threads = req.threads
+    logfile = os.path.abspath(req.log) if req.log else None
 
     def run() -> None:
         from .fuse_ops import Operations, library_version, serve
@@ -258,9 +279,9 @@ def mount_command(args: argparse.Namespace) -> int:
 
     if foreground:
         run()
-        ckpt.close()
-        return 0
-    return _daemonize(run, mnt)
+        catalog.close()
+        return
+    _daemonize(run, mnt)
 
 
 def _detach_stderr(logfile: str | None) -> Any:
@@ -276,7 +297,7 @@ def _detach_stderr(logfile: str | None) -> Any:
     return detach
 
 
-def _daemonize(run: Any, mnt: str) -> int:
+def _daemonize(run: Any, mnt: str) -> None:
     before = os.stat(mnt).st_dev
     sys.stdout.flush()
     sys.stderr.flush()
@@ -303,10 +324,10 @@ def _daemonize(run: Any, mnt: str) -> int:
         finally:
             os._exit(code)
     os.close(w)
-    return _wait_ready(pid, r, mnt, before)
+    _wait_ready(pid, r, mnt, before)
 
 
-def _wait_ready(pid: int, r: int, mnt: str, before_dev: int) -> int:
+def _wait_ready(pid: int, r: int, mnt: str, before_dev: int) -> None:
     """Wait for the daemon's stderr pipe to close (mounted, or failed), then for the mount to answer."""
     deadline = time.monotonic() + READY_TIMEOUT
     chunks: list[bytes] = []
@@ -323,26 +344,28 @@ def _wait_ready(pid: int, r: int, mnt: str, before_dev: int) -> int:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             os.close(r)
-            return _report_failure(b"".join(chunks), status, mnt)
+            raise _failure(b"".join(chunks), status)
         if eof:
             kind, st = probe(mnt, timeout=max(0.1, deadline - time.monotonic()))
             if kind == "ok" and st.st_dev != before_dev:
                 os.close(r)
-                return 0
+                return
             time.sleep(0.01)
     os.close(r)
     raise MountError(f"the daemon (pid {pid}) did not make the mount answer within {READY_TIMEOUT:.0f} s; "
                      f"`ckptfs umount {mnt}` clears it", file=mnt)
 
 
-def _report_failure(output: bytes, status: int, mnt: str) -> int:
+def _failure(output: bytes, status: int) -> MountError:
+    """The daemon died before the mount answered: what it said (libfuse's and ckptfs's errors), one line."""
     text = output.decode(errors="replace")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     msg = "; ".join(dict.fromkeys(lines)) or f"the daemon exited with status {os.waitstatus_to_exitcode(status)}"
     if "user_allow_other" in msg:
         msg += " (add a line 'user_allow_other' to /etc/fuse.conf as root)"
-    print(f"ckptfs: {msg}", file=sys.stderr)
-    return 1
+    if msg.startswith("ckptfs: "):
+        msg = msg[len("ckptfs: "):]
+    return MountError(msg)
 
 
 # --- umount ---------------------------------------------------------------------------------------------------
@@ -406,8 +429,9 @@ def _wait_exit(pid: int, timeout: float) -> bool:
     return False
 
 
-def umount_command(args: argparse.Namespace) -> int:
-    mnt = os.path.realpath(args.mountpoint)
+def umount(mountpoint: str) -> str:
+    """Unmount (clearing a stale or busy mount lazily); returns what was done, one line. Raises MountError."""
+    mnt = os.path.realpath(mountpoint)
     entry = mount_entry(mnt)
     if entry is None:
         kind, err = probe(mnt)
@@ -428,18 +452,14 @@ def umount_command(args: argparse.Namespace) -> int:
         raise MountError(f"fusermount3 is missing: {INSTALL_HINT}", file=mnt)
     if rc == 0 and mount_entry(mnt) is None:
         if stale:
-            print(f"ckptfs: {mnt}: cleared a stale mount (its daemon had died)")
-        else:
-            gone = pid is None or _wait_exit(pid, 10.0)
-            print(f"ckptfs: {mnt}: unmounted" + ("" if gone else f" (daemon pid {pid} is still exiting)"))
-        return 0
+            return f"{mnt}: cleared a stale mount (its daemon had died)"
+        gone = pid is None or _wait_exit(pid, 10.0)
+        return f"{mnt}: unmounted" + ("" if gone else f" (daemon pid {pid} is still exiting)")
     busy = "busy" in msg.lower()
     if stale or busy or kind == "hung":
         rc2, msg2 = _run([tool, "-uz", mnt]) if tool else _umount2(mnt, lazy=True)
         if rc2 == 0:
             why = "stale" if stale else ("hung" if kind == "hung" else "busy")
-            print(f"ckptfs: {mnt}: lazily detached ({why}: {msg or 'unmount failed'}); it disappears once "
-                  "nothing uses it")
-            return 0
+            return f"{mnt}: lazily detached ({why}: {msg or 'unmount failed'}); it disappears once nothing uses it"
         msg = msg2 or msg
     raise MountError(f"unmount failed: {msg or f'exit status {rc}'}", file=mnt)

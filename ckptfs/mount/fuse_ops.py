@@ -1,8 +1,7 @@
 """The FUSE adapter (mfusepy, or fusepy when only that is installed): paths -> nodes, attributes, reads.
 
-It knows only the mount-source interface of :class:`ckptfs.views.CheckpointView` (lookup, node_type,
-inode, parent, size, nlink, listdir, readlink, open -> handle.readinto, xattrs, total_bytes, mtime_ns,
-len) and nothing of checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's
+It knows only :class:`MountSource` (implemented by :class:`ckptfs.views.tree.TreeView`) and nothing of
+checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's
 low-level ``read`` callback so the handle ``preadv``s straight into libfuse's reply buffer (no ``bytes``
 object, no memmove).
 
@@ -22,7 +21,7 @@ import stat
 import threading
 import warnings
 from ctypes.util import find_library
-from typing import Any
+from typing import Any, Protocol
 
 from ..views.namespace import DIR, FILE, LINK
 
@@ -34,6 +33,57 @@ READ_AHEAD_KB = 16384  # the mount's readahead window, raised when root (1 MiB r
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 
 _MODES = {DIR: stat.S_IFDIR | 0o555, FILE: stat.S_IFREG | 0o444, LINK: stat.S_IFLNK | 0o777}
+
+
+class Handle(Protocol):
+    """An open file."""
+
+    def readinto(self, buf: memoryview, offset: int) -> int:
+        """Fill ``buf`` from ``offset``; the count (short only at the end). Raising fails this read (EIO)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MountSource(Protocol):
+    """What the adapter serves: nodes (ints, 0 the root) with a type (DIR, FILE or LINK from
+    :mod:`ckptfs.views.namespace`), names, sizes, contents and xattrs."""
+
+    mtime_ns: int
+
+    def lookup(self, path: str) -> int | None:
+        """The node at a '/'-separated path relative to the root (no leading slash), or None."""
+        ...
+
+    def node_type(self, node: int) -> int: ...
+
+    def inode(self, node: int) -> int: ...
+
+    def parent(self, node: int) -> int: ...
+
+    def nlink(self, node: int) -> int: ...
+
+    def size(self, node: int) -> int: ...
+
+    def listdir(self, node: int) -> list[tuple[str, int]]:
+        """(name, node) of a directory's entries, in the order to list them."""
+        ...
+
+    def readlink(self, node: int) -> str: ...
+
+    def open(self, node: int) -> Handle:
+        """Raises to refuse the open (EIO)."""
+        ...
+
+    def xattrs(self, node: int) -> dict[str, bytes]: ...
+
+    def total_bytes(self) -> int:
+        """Bytes of data (statfs)."""
+        ...
+
+    def __len__(self) -> int:
+        """Nodes (statfs)."""
+        ...
 
 
 class FuseUnavailable(Exception):
@@ -96,7 +146,7 @@ class Operations:
 
     use_ns = True  # times in nanoseconds (mfusepy)
 
-    def __init__(self, source: Any, fuse: Any, *, uid: int | None = None, gid: int | None = None,
+    def __init__(self, source: MountSource, fuse: Any, *, uid: int | None = None, gid: int | None = None,
                  mountpoint: str | None = None, read_ahead_kb: int = READ_AHEAD_KB) -> None:
         self.source = source
         self._fuse = fuse
@@ -394,7 +444,7 @@ def fuse_options(fuse: Any, *, fsname: str, threads: bool, user: dict[str, Any])
     return {"foreground": True, "nothreads": not threads, **opts}
 
 
-def serve(source: Any, mountpoint: str, fuse: Any, *, threads: bool = False, debug: bool = False,
+def serve(source: MountSource, mountpoint: str, fuse: Any, *, threads: bool = False, debug: bool = False,
           fsname: str = "ckptfs", options: dict[str, Any] | None = None,
           ops: Operations | None = None) -> Operations:
     """Mount ``source`` at ``mountpoint`` and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP

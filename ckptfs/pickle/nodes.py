@@ -7,10 +7,25 @@ fall back to setting attributes or touching ``__dict__``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..dtypes import DType
 from ..errors import UnsafePickleError
+
+if TYPE_CHECKING:
+    from ..source import ByteSource
+
+
+class StorageOwner(Protocol):
+    """Whoever serves a storage's bytes: the container it was read from (:class:`ckptfs.container.Container`)."""
+
+    byteorder: str
+
+    def storage_size(self, key: str) -> int: ...
+
+    def storage_source(self, key: str) -> ByteSource: ...
+
+    def record_name(self, key: str) -> str: ...
 
 
 class Inert:
@@ -85,19 +100,24 @@ class PersistentId(Call):
 
 
 class StorageRef(Inert):
-    """A persistent id ``('storage', StorageType, key, location, numel)``: where a storage's bytes live."""
+    """A persistent id ``('storage', StorageType, key, location, numel)``: where a storage's bytes live.
 
-    __slots__ = ("key", "dtype", "numel", "location", "typename", "error", "record", "checked")
+    ``owner`` is the container that serves storage ``key`` (set when the reference is made: in a catalog
+    of several files, storage keys repeat from file to file)."""
 
-    def __init__(self, key: str, dtype: DType | None, numel: int, location: str, typename: str) -> None:
+    __slots__ = ("key", "dtype", "numel", "location", "typename", "owner", "error", "data", "checked")
+
+    def __init__(self, key: str, dtype: DType | None, numel: int, location: str, typename: str,
+                 owner: StorageOwner | None = None) -> None:
         self.key = key
         self.dtype = dtype  # None: UntypedStorage, numel counts bytes
         self.numel = numel
         self.location = location
         self.typename = typename
+        self.owner = owner
         self.error: str | None = None  # why tensors on this storage cannot be served
-        self.record: object = None  # the container record holding the bytes, bound on first read
-        self.checked = False  # record existence and size verified (ckptfs.tensors.check_storage)
+        self.data: ByteSource | None = None  # the storage's bytes, bound on first read
+        self.checked = False  # record existence and size verified (ckptfs.model.tensors.check_storage)
 
     @property
     def itemsize(self) -> int:
@@ -116,8 +136,9 @@ class StorageViewRef(StorageRef):
 
     __slots__ = ("root", "view_offset")
 
-    def __init__(self, key: str, dtype: DType | None, numel: int, location: str, typename: str) -> None:
-        super().__init__(key, dtype, numel, location, typename)
+    def __init__(self, key: str, dtype: DType | None, numel: int, location: str, typename: str,
+                 owner: StorageOwner | None = None) -> None:
+        super().__init__(key, dtype, numel, location, typename, owner)
         self.root: StorageRef | None = None
         self.view_offset = 0
 

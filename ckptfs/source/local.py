@@ -1,9 +1,4 @@
-"""Byte sources: where a checkpoint's bytes come from.
-
-Everything above this module sees only :class:`ByteSource`: a size, positional reads and an identity
-that tells whether the bytes may have changed. A local file is one read-only fd read with ``os.pread``
-(thread-safe, no shared seek position); remote sources can plug in behind the same interface.
-"""
+"""A local file: one read-only fd, ``os.pread`` at absolute offsets (thread-safe, no shared position)."""
 
 from __future__ import annotations
 
@@ -11,43 +6,18 @@ import mmap
 import os
 import stat
 import threading
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Sequence
 
 from ..errors import CkptfsError, StaleSourceError
+from .base import FileRegion, Identity
 
-
-@dataclass(frozen=True)
-class Identity:
-    """What must not change while an index of the source is in use."""
-
-    dev: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-
-@runtime_checkable
-class ByteSource(Protocol):
-    name: str
-    size: int
-
-    def pread(self, offset: int, n: int) -> bytes:
-        """Exactly ``n`` bytes at ``offset`` (fewer only past the end), or raise."""
-
-    def preadinto(self, buf: memoryview, offset: int) -> int:
-        """Fill ``buf`` from ``offset``; returns the count (short only at the end)."""
-
-    def identity(self) -> Identity: ...
-
-    def check_unchanged(self) -> None:
-        """Raise :class:`StaleSourceError` if the bytes behind the source changed."""
-
-    def close(self) -> None: ...
+LOCAL_READ_SIZE = 1 << 20
 
 
 class LocalFile:
     """A local file opened read-only once; all reads are ``os.pread`` at absolute offsets."""
+
+    read_size = LOCAL_READ_SIZE
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.name = os.fspath(path)
@@ -59,11 +29,13 @@ class LocalFile:
         if stat.S_ISDIR(st.st_mode):
             os.close(self.fd)
             raise CkptfsError("is a directory, not a checkpoint file", file=self.name)
-        self._identity = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self._stat = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self._identity = Identity("posix", (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_size, st.st_mtime_ns)
         self.size = st.st_size
         self._closed = False
         self._map: mmap.mmap | None = None
         self._map_lock = threading.Lock()
+        self._region = FileRegion(self, 0)
 
     # -- reading -------------------------------------------------------------------------------
     def pread(self, offset: int, n: int) -> bytes:
@@ -82,12 +54,9 @@ class LocalFile:
                 break
             parts.append(more)
             got += len(more)
-        data = b"".join(parts)
         if got < n and offset + got < self.size:
-            raise StaleSourceError(
-                f"short read at offset {offset + got} (file is shorter than when it was opened)", file=self.name
-            )
-        return data
+            raise self._shrunk(offset + got)
+        return b"".join(parts)
 
     def preadinto(self, buf: memoryview, offset: int) -> int:
         n = len(buf)
@@ -98,10 +67,19 @@ class LocalFile:
                 break
             got += k
         if got < n and offset + got < self.size:
-            raise StaleSourceError(
-                f"short read at offset {offset + got} (file is shorter than when it was opened)", file=self.name
-            )
+            raise self._shrunk(offset + got)
         return got
+
+    def _shrunk(self, at: int) -> StaleSourceError:
+        return StaleSourceError(f"short read at offset {at} (file is shorter than when it was opened)",
+                                file=self.name)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        return None  # the page cache and the kernel's readahead do this for local files
+
+    # -- abilities -----------------------------------------------------------------------------
+    def region(self) -> FileRegion:
+        return self._region
 
     def mmap(self) -> mmap.mmap:
         """A private (copy-on-write) map of the whole file, created once: zero-copy numpy arrays and torch
@@ -116,13 +94,15 @@ class LocalFile:
     def identity(self) -> Identity:
         return self._identity
 
-    def check_unchanged(self) -> None:
-        """Cheap: one fstat on our fd (catches truncation / in-place rewrites) and one stat of the
+    def check_unchanged(self, thorough: bool = True) -> None:
+        """One fstat on our fd (catches truncation and in-place rewrites); ``thorough`` adds one stat of the
         path (catches a rename over it or deletion)."""
         st = os.fstat(self.fd)
-        now = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if now != self._identity:
-            raise StaleSourceError(_describe_change(self._identity, now), file=self.name)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._stat:
+            now = Identity("posix", (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_size, st.st_mtime_ns)
+            raise StaleSourceError(self._identity.describe_change(now), file=self.name)
+        if not thorough:
+            return
         try:
             pst = os.stat(self.name)
         except FileNotFoundError:
@@ -141,7 +121,7 @@ class LocalFile:
             self._map = None
             os.close(self.fd)
 
-    def __enter__(self) -> "LocalFile":
+    def __enter__(self) -> LocalFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -149,45 +129,3 @@ class LocalFile:
 
     def __repr__(self) -> str:
         return f"LocalFile({self.name!r}, size={self.size})"
-
-
-class BytesSource:
-    """An in-memory source (tests, records extracted from other containers)."""
-
-    def __init__(self, data: bytes, name: str = "<bytes>") -> None:
-        self._data = bytes(data)
-        self.name = name
-        self.size = len(self._data)
-
-    def pread(self, offset: int, n: int) -> bytes:
-        return self._data[offset : offset + max(n, 0)]
-
-    def preadinto(self, buf: memoryview, offset: int) -> int:
-        chunk = self._data[offset : offset + len(buf)]
-        buf[: len(chunk)] = chunk
-        return len(chunk)
-
-    def identity(self) -> Identity:
-        return Identity(0, id(self._data), self.size, 0)
-
-    def check_unchanged(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-def _describe_change(old: Identity, new: Identity) -> str:
-    if new.size < old.size:
-        return f"the checkpoint was truncated while in use ({old.size} -> {new.size} bytes)"
-    if new.size != old.size:
-        return f"the checkpoint changed size while in use ({old.size} -> {new.size} bytes)"
-    return "the checkpoint was modified while in use (mtime changed)"
-
-
-def open_source(path_or_source: "str | os.PathLike[str] | ByteSource") -> ByteSource:
-    if isinstance(path_or_source, (str, os.PathLike)):
-        return LocalFile(path_or_source)
-    if isinstance(path_or_source, ByteSource):
-        return path_or_source
-    raise TypeError(f"expected a path or a ByteSource, got {type(path_or_source).__name__}")

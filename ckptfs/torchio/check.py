@@ -1,20 +1,20 @@
-"""``ckptfs check``: load the checkpoint with torch and compare every tensor with what ckptfs serves.
+"""Comparing what ckptfs serves with what torch loads (``ckptfs check``): results, never printing.
 
 torch.load runs with ``weights_only=True`` (and ``mmap=True`` for zip files, so memory stays low)
-unless ``--trust`` is given; a file torch refuses is reported, not loaded unsafely.
+unless ``trust`` is given; a file torch refuses is reported, not loaded unsafely.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Iterator
 
-from ..errors import CkptfsError, oneline
+from ..dtypes import numpy_dtype
+from ..errors import CkptfsError
+from ..model.catalog import Catalog
 from ..model.index import COMPOSITE, TENSOR
-
-GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
+from ..model.meta import Meta
 
 
 def _lookup(obj: Any, path: tuple) -> Any:
@@ -60,78 +60,76 @@ def _torch_bytes(t: Any, byteorder: str) -> bytes:
     return raw.tobytes()
 
 
-def run_check(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Outcome:
+    """One tensor compared: ``status`` is "ok", "fail" (``problem`` says why) or "skip" (a kind ckptfs
+    does not serve: ``problem`` says which)."""
+
+    key: str
+    status: str
+    problem: str = ""
+    dtype: str | None = None
+    shape: tuple[int, ...] = ()
+
+
+def load_reference(catalog: Catalog, path: str, trust: bool) -> Any:
+    """What torch gives for the file: ``torch.load(weights_only=not trust)`` (``mmap`` for zip files), or
+    ``torch.jit.load`` for a TorchScript archive (only with ``trust``: it runs the archive's code)."""
     import torch
 
-    from .. import open as ckpt_open
-    from ..cli import EXIT_MISMATCH, EXIT_OK
+    kind = catalog.members[0].container.kind
+    try:
+        kwargs: dict[str, Any] = {"map_location": "cpu", "weights_only": not trust}
+        if kind == "zip":
+            kwargs["mmap"] = True
+        if kind == "torchscript":
+            if not trust:  # torch.load would hand it to torch.jit.load, which runs its code
+                raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
+                                  "(CVE-2025-32434); re-run with --trust if you trust the file", file=catalog.name)
+            return torch.jit.load(path, map_location="cpu")
+        return torch.load(path, **kwargs)
+    except CkptfsError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch's refusal is the result here
+        msg = " ".join(str(e).split())[:300]
+        hint = "" if trust else " (re-run with --trust to let torch run the pickle, if you trust the file)"
+        raise CkptfsError(f"torch.load failed: {type(e).__name__}: {msg}{hint}", file=catalog.name) from None
 
-    color = sys.stdout.isatty()
 
-    def paint(c: str, s: str) -> str:
-        return f"{c}{s}{RESET}" if color else s
-
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+def compare(catalog: Catalog, reference: Any) -> Iterator[Outcome]:
+    """Every tensor of ``catalog`` compared with ``reference`` (what torch loaded), in checkpoint order;
+    then one "fail" outcome per tensor torch has and ckptfs lacks."""
+    index = catalog.index
+    rows = [i for i in index.order() if index.kinds[i] in (TENSOR, COMPOSITE)]
+    for i in rows:
+        key = index.keys[i]
+        meta = catalog.meta(i)
+        problem: str | None
         try:
-            kwargs: dict = {"map_location": "cpu", "weights_only": not args.trust}
-            if ckpt.format == "zip":
-                kwargs["mmap"] = True
-            if ckpt.format == "torchscript":
-                if not args.trust:  # torch.load would hand it to torch.jit.load, which runs its code
-                    raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
-                                      "(CVE-2025-32434); re-run with --trust if you trust the file", file=ckpt.name)
-                ref = torch.jit.load(args.checkpoint, map_location="cpu")
-            else:
-                ref = torch.load(args.checkpoint, **kwargs)
-        except CkptfsError:
-            raise
-        except Exception as e:  # noqa: BLE001 - torch's refusal is the result here
-            msg = " ".join(str(e).split())[:300]
-            hint = "" if args.trust else " (re-run with --trust to let torch run the pickle, if you trust the file)"
-            raise CkptfsError(f"torch.load failed: {type(e).__name__}: {msg}{hint}", file=ckpt.name) from None
-        index = ckpt.index
-        rows = [i for i in index.order() if index.kinds[i] in (TENSOR, COMPOSITE)]
-        show_progress = not args.no_progress and sys.stderr.isatty() and len(rows) > 200
-        ok = bad = skipped = 0
-        start = time.monotonic()
-        for n, i in enumerate(rows, 1):
-            key = index.keys[i]
-            meta = ckpt.meta(key)
-            problem = None
-            try:
-                expected = _lookup(ref, index.path(i))
-            except (KeyError, IndexError, TypeError):
-                expected = None
-                problem = "not found in torch.load's result"
-            if problem is None:
-                compare = _compare_composite if index.kinds[i] == COMPOSITE else _compare
-                problem = compare(ckpt, key, meta, expected)
-            if problem == "skip":
-                skipped += 1
-                if args.verbose:
-                    print(paint(YELLOW, "SKIP ") + f"{oneline(key)}: {oneline(str(meta.unsupported))}")
-            elif problem:
-                bad += 1
-                print(paint(RED, "FAIL ") + f"{oneline(key)}: {oneline(str(problem))}")
-            else:
-                ok += 1
-                if args.verbose:
-                    print(paint(GREEN, "OK   ") + f"{oneline(key)}  {meta.dtype} {list(meta.shape or ())}")
-            if show_progress and (n % 100 == 0 or n == len(rows)):
-                sys.stderr.write(f"\r  {n}/{len(rows)} tensors checked ({time.monotonic() - start:.0f} s)")
-                sys.stderr.flush()
-        if show_progress:
-            sys.stderr.write("\n")
-        extra = _torch_only_tensors(ref, ckpt)
-        for path in extra:
-            bad += 1
-            print(paint(RED, "FAIL ") + f"{oneline('.'.join(map(str, path)))}: a tensor torch.load returns that ckptfs lacks")
-    summary = f"{ok} tensors identical, {bad} mismatched, {skipped} not compared (kinds ckptfs does not serve)"
-    print(paint(GREEN if not bad else RED, summary))
-    return EXIT_MISMATCH if bad else EXIT_OK
+            expected = _lookup(reference, index.path(i))
+        except (KeyError, IndexError, TypeError):
+            problem = "not found in torch.load's result"
+        else:
+            problem = (_compare_composite(meta, expected) if index.kinds[i] == COMPOSITE
+                       else _compare(catalog, i, meta, expected))
+        shape = tuple(meta.shape or ())
+        if problem == "skip":
+            yield Outcome(key, "skip", str(meta.unsupported), meta.dtype, shape)
+        elif problem:
+            yield Outcome(key, "fail", problem, meta.dtype, shape)
+        else:
+            yield Outcome(key, "ok", "", meta.dtype, shape)
+    for path in _torch_only_tensors(reference, catalog):
+        yield Outcome(".".join(map(str, path)), "fail", "a tensor torch.load returns that ckptfs lacks")
 
 
-def _compare_composite(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
+def count_compared(catalog: Catalog) -> int:
+    """How many outcomes :func:`compare` yields before the torch-only ones (for progress)."""
+    kinds = catalog.index.kinds
+    return sum(1 for k in kinds if k in (TENSOR, COMPOSITE))
+
+
+def _compare_composite(meta: Meta, expected: Any) -> str | None:
     """A sparse / nested / per-channel quantized tensor: its kind and layout (its parts are compared as
     tensors of their own)."""
     import torch
@@ -158,17 +156,22 @@ def _compare_composite(ckpt: Any, key: str, meta: Any, expected: Any) -> str | N
     return None
 
 
-def _compare(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
+def _compare(catalog: Catalog, row: int, meta: Meta, expected: Any) -> str | None:
     import numpy as np
     import torch
+
+    def read() -> bytes:
+        return catalog.data(row).read()
 
     if isinstance(expected, np.ndarray) and meta.tensor_kind == "numpy":
         if meta.error or meta.unsupported:
             return "skip" if meta.unsupported else f"ckptfs refuses it: {meta.error}"
         if tuple(expected.shape) != tuple(meta.shape):
             return f"shape {list(meta.shape)} != numpy's {list(expected.shape)}"
-        stored = np.ascontiguousarray(expected, dtype=ckpt.numpy(key).dtype)  # numpy may unpickle to native order
-        return None if ckpt.read(key) == stored.tobytes() else "bytes differ from numpy's"
+        t = catalog.data(row).t
+        dt = numpy_dtype(t.dtype, catalog.byteorder_of(t, row))
+        stored = np.ascontiguousarray(expected, dtype=dt)  # numpy may unpickle to native order
+        return None if read() == stored.tobytes() else "bytes differ from numpy's"
     if not isinstance(expected, torch.Tensor):
         return f"torch.load gives a {type(expected).__name__} here, not a tensor"
     if meta.unsupported:
@@ -180,7 +183,7 @@ def _compare(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
             return f"{meta.dtype} {list(meta.shape)} != torch's {expected.dtype} {list(expected.shape)}"
         if meta.tensor_kind == "meta" and not expected.is_meta:
             return "torch's tensor is not on the meta device"
-        return None if ckpt.read(key) == b"" else "a tensor without data read as bytes"
+        return None if read() == b"" else "a tensor without data read as bytes"
     if meta.tensor_kind == "quantized":
         extra = meta.extra
         if not expected.is_quantized or (expected.q_scale(), expected.q_zero_point()) != \
@@ -200,14 +203,14 @@ def _compare(ckpt: Any, key: str, meta: Any, expected: Any) -> str | None:
         want = _torch_bytes(expected, meta.byteorder or "little")
     except Exception as e:  # noqa: BLE001
         return f"cannot read torch's bytes ({type(e).__name__}: {e})"
-    got = ckpt.read(key)
+    got = read()
     if got != want:
         first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         return f"bytes differ (first at byte {first}; {len(got)} vs {len(want)} bytes)"
     return None
 
 
-def _torch_only_tensors(ref: Any, ckpt: Any) -> list[tuple]:
+def _torch_only_tensors(ref: Any, catalog: Catalog) -> list[tuple[object, ...]]:
     """Paths of tensors in torch.load's plain containers that ckptfs's index does not have."""
     import torch
 
@@ -220,7 +223,7 @@ def _torch_only_tensors(ref: Any, ckpt: Any) -> list[tuple]:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            if ckpt.index.find_path(path) is None:
+            if catalog.index.find_path(path) is None:
                 missing.append(path)
         elif isinstance(obj, dict):
             stack.extend((v, path + (k,)) for k, v in obj.items())

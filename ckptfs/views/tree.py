@@ -1,7 +1,9 @@
 """The mount's tree as a "mount source": names, kinds, sizes, contents and xattrs of every node.
 
-Built from a :class:`~ckptfs.checkpoint.Checkpoint` (names by :mod:`ckptfs.namespace`); the FUSE adapter
-(:mod:`ckptfs.fuse_ops`) sees only the methods of :class:`CheckpointView` and knows nothing of formats.
+Built from a :class:`~ckptfs.model.catalog.Catalog` (names by :mod:`ckptfs.views.namespace`); the FUSE
+adapter (:mod:`ckptfs.mount.fuse_ops`) sees only the methods of its ``MountSource`` protocol, which
+:class:`TreeView` implements, and knows nothing of formats. Every file is a
+:class:`~ckptfs.model.extents.Content` (pieces) opened as one :class:`~ckptfs.model.extents.ContentHandle`.
 Nodes are ints (0 is the root directory). What each kind of node holds (docs/layout.md):
 
 * a tensor: a file of exactly its logical C-contiguous bytes (``TensorReader``), read on demand;
@@ -21,20 +23,21 @@ import json
 import math
 import os
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..container.base import Attachment
 from ..dtypes import DTYPES, numpy_dtype
 from ..errors import CkptfsError, UnsupportedError
+from ..model.catalog import Catalog
+from ..model.extents import Content, ContentHandle, source_range
 from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from ..model.meta import Meta, _jsonable
+from ..model.reader import TensorData
 from ..model.tensors import nbytes
 from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
 
-if TYPE_CHECKING:
-    from ..model.checkpoint import Checkpoint
-
-__all__ = ["CheckpointView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
+__all__ = ["TreeView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
 
 PLAIN_LEAVES = (str, int, float, bool, type(None), bytes, bytearray)
 SIDECAR_KINDS = (TENSOR, COMPOSITE, OPAQUE, LINK)  # and values of other types (dtype, device, complex ...)
@@ -50,58 +53,12 @@ CODE_DIR = "code"  # /.ckptfs/code/: a TorchScript archive's sources, as text
 SIDECAR = 1 << 40
 
 
-class BytesHandle:
-    """An open file whose (small) content is rendered metadata."""
+class TreeView:
+    """The mount source of a checkpoint (a catalog of one file or several): its tree of names and files."""
 
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def readinto(self, buf: memoryview, offset: int) -> int:
-        chunk = self.data[offset : offset + len(buf)]
-        buf[: len(chunk)] = chunk
-        return len(chunk)
-
-    def close(self) -> None:
-        self.data = b""
-
-
-class TensorHandle:
-    """An open tensor file: reads go straight to the checkpoint with pread at absolute offsets.
-
-    ``verify`` (the default) makes each read first check the source file's identity with one fstat, so a
-    checkpoint truncated or rewritten in place while open gives EIO instead of other bytes."""
-
-    __slots__ = ("reader", "fd", "ident", "describe")
-
-    def __init__(self, reader: Any, source: Any, verify: bool) -> None:
-        self.reader = reader
-        fd = getattr(source, "fd", None) if verify else None
-        self.fd = fd
-        self.ident = None
-        if fd is not None:
-            i = source.identity()
-            self.ident = (i.dev, i.inode, i.size, i.mtime_ns)
-            self.describe = source.check_unchanged
-
-    def readinto(self, buf: memoryview, offset: int) -> int:
-        if self.fd is not None:
-            st = os.fstat(self.fd)
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self.ident:
-                self.describe()  # raises StaleSourceError saying what changed
-        return self.reader.readinto(buf, offset)
-
-    def close(self) -> None:
-        self.reader = None
-
-
-class CheckpointView:
-    """The mount source of one checkpoint."""
-
-    def __init__(self, ckpt: Checkpoint, *, verify_reads: bool = True) -> None:
-        self.ckpt = ckpt
-        self.index = index = ckpt.index
+    def __init__(self, catalog: Catalog, *, verify_reads: bool = True) -> None:
+        self.catalog = catalog
+        self.index = index = catalog.index
         self.verify_reads = verify_reads
         kinds = index.kinds
         type_of = {TENSOR: FILE, LEAF: FILE, LINK: NS_LINK}
@@ -120,23 +77,22 @@ class CheckpointView:
         self._nlinks: dict[int, int] = {}
         self._unserved: dict[int, str] = {}  # tensor row -> why its bytes are not served
         self._total: int | None = None
-        ident = ckpt.source.identity()
-        self.mtime_ns = ident.mtime_ns
+        self.mtime_ns = catalog.members[0].source.identity().modified_ns
         self._render_sidecar = lru_cache(maxsize=4096)(self._sidecar_bytes)
-        self._code: dict[int, str] = {}  # node -> path of a TorchScript source under the archive's code/
-        code_files = getattr(ckpt.container, "code_files", None)
-        if code_files is not None:
-            self._add_code_tree(reserved, code_files())
+        self._code: dict[int, Attachment] = {}  # node -> a TorchScript source (an archive's code/ file)
+        code = [a for _, a in catalog.attachments() if a.group == "code"]
+        if code:
+            self._add_code_tree(reserved, code)
 
-    def _add_code_tree(self, reserved: int, paths: list[str]) -> None:
+    def _add_code_tree(self, reserved: int, files: list[Attachment]) -> None:
         """``/.ckptfs/code/<path>`` for each TorchScript source; read (inflated) only when opened.
         The paths come from the archive: each component is kept when it is a plain file name, escaped
         (namespace.escape) otherwise, so nothing can climb out or collide with ckptfs's names."""
         tree = self.tree
         top = tree.add(reserved, CODE_DIR, DIR)
-        for path in paths:
+        for attachment in files:
             parent = top
-            parts = path.split("/")
+            parts = attachment.path.split("/")
             for i, part in enumerate(parts):
                 name = part if part not in ("", ".", "..") and part.isprintable() and "%" not in part \
                     else escape(part) or "%%''"
@@ -149,7 +105,7 @@ class CheckpointView:
                 parent = child
             else:
                 self.role[parent] = _CODE
-                self._code[parent] = path
+                self._code[parent] = attachment
 
     # --- structure ----------------------------------------------------------------------------------
     def lookup(self, path: str) -> int | None:
@@ -226,7 +182,7 @@ class CheckpointView:
         if node < SIDECAR and tree.types[node] == NS_LINK:
             return len(self.readlink(node).encode())
         if self.role.get(node) == _CODE:
-            return self.ckpt.container.code_size(self._code[node])  # type: ignore[attr-defined]
+            return self._code[node].size
         data = self._rendered(node)
         if data is not None:
             return len(data)
@@ -243,33 +199,39 @@ class CheckpointView:
         if role == _INFO:
             return self._info[node]
         if role == _CODE:
-            return self.ckpt.container.read_code(self._code[node])  # type: ignore[attr-defined]
+            return None
         row = self.tree.rows[node]
         return None if self.index.kinds[row] == TENSOR else self.leaf_bytes(row)
 
-    def _reader(self, row: int) -> Any:
-        """The row's TensorReader, or None when its bytes are not served (the sidecar says why)."""
+    def _reader(self, row: int) -> TensorData | None:
+        """The row's bytes, or None when they are not served (the sidecar says why)."""
         try:
-            return self.ckpt.reader(self.index.keys[row])
+            return self.catalog.data(self.index.resolve(row))
         except CkptfsError as e:
             self._unserved[row] = e.reason
             return None
 
-    def open(self, node: int) -> TensorHandle | BytesHandle:
-        """A handle with ``readinto(buf, offset)``; checks that the checkpoint is unchanged (raises
-        StaleSourceError) before serving tensor bytes."""
-        tree = self.tree
-        if self.node_type(node) != FILE:
-            raise IsADirectoryError(tree.path(node))
+    def content(self, node: int) -> Content:
+        """What a file node holds, as pieces."""
         data = self._rendered(node)
         if data is not None:
-            return BytesHandle(data)
-        reader = self._reader(tree.rows[node])
-        if reader is None:
-            return BytesHandle(b"")
-        source = self.ckpt.source
-        source.check_unchanged()
-        return TensorHandle(reader, source, self.verify_reads)
+            return Content.of_bytes(data)
+        if self.role.get(node) == _CODE:
+            code = self._code[node]
+            return Content([source_range(code.open(), 0, code.size)])
+        reader = self._reader(self.tree.rows[node])
+        return reader.content if reader is not None else Content(())
+
+    def open(self, node: int) -> ContentHandle:
+        """A handle with ``readinto(buf, offset)``. Checks that the checkpoint is unchanged (raises
+        StaleSourceError) before serving bytes read from it, and (``verify_reads``) before every read."""
+        if self.node_type(node) != FILE:
+            raise IsADirectoryError(self.tree.path(node))
+        content = self.content(node)
+        sources = content.sources()
+        for source in sources:
+            source.check_unchanged()
+        return ContentHandle(content, verify=self.verify_reads and bool(sources))
 
     def leaf_bytes(self, row: int) -> bytes:
         """A value's file content: str as UTF-8, bytes raw, anything else as JSON."""
@@ -285,7 +247,7 @@ class CheckpointView:
     # --- metadata -----------------------------------------------------------------------------------
     def meta(self, row: int) -> Meta:
         """Meta of the row itself (links not followed)."""
-        return Meta(self.index, row, self.ckpt.byteorder, self.ckpt.container.record_name)
+        return self.catalog.meta(row)
 
     def meta_dict(self, row: int) -> dict[str, Any]:
         """The sidecar's fields for a row: Meta.to_dict() plus its place in the mount."""
@@ -358,8 +320,8 @@ class CheckpointView:
                 e["original"] = [_jsonable(p) for p in index.path(r)]
                 e["original_repr"] = repr(index.path(r))
                 entries.append(e)
-            doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.ckpt.name,
-                   "byteorder": self.ckpt.byteorder, "entries": entries}
+            doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.catalog.name,
+                   "byteorder": self.catalog.members[0].container.byteorder, "entries": entries}
             self._index_json = _json_bytes(doc, compact=True) + b"\n"
         return self._index_json
 

@@ -45,9 +45,9 @@ BANNED = (
 )
 #: Modules imported before the hook is installed (everything ckptfs uses when indexing / listing).
 PREIMPORT = (
-    "ckptfs", "ckptfs.cli", "ckptfs.model.checkpoint", "ckptfs.container.legacy", "ckptfs.container.zip",
-    "ckptfs.container.torchzip", "ckptfs.model.meta", "ckptfs.model.slicing", "ckptfs.model.reader",
-    "ckptfs.model.tensors",
+    "ckptfs", "ckptfs.cli", "ckptfs.cli.inspect", "ckptfs.api.checkpoint", "ckptfs.api.slicing",
+    "ckptfs.model.catalog", "ckptfs.container.legacy", "ckptfs.container.zip", "ckptfs.container.torchzip",
+    "ckptfs.model.meta", "ckptfs.model.slicing", "ckptfs.model.reader", "ckptfs.model.tensors",
     "numpy", "ml_dtypes", "json", "reprlib", "select", "resource", "hashlib", "encodings.cp437",
     "encodings.latin_1", "encodings.ascii", "encodings.utf_8", "fnmatch", "argparse", "zlib", "mmap",
     "ckptfs.views.namespace", "ckptfs.views.tree", "traceback", "linecache", "tokenize",

@@ -1,0 +1,100 @@
+"""What every command shares: sizes, tables, JSON for terminals, ``--limit``, the common arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from ..errors import CkptfsError, brief, oneline
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+
+LIMIT_HELP = ("raise or lower a resource limit for this file, e.g. --limit max_tensors=2000000 "
+              "--limit max_memory=2G (see docs/security.md)")
+
+
+def add_checkpoint_args(sp: argparse.ArgumentParser, limits: bool = False) -> None:
+    """The checkpoint argument and the options that go with it."""
+    sp.add_argument("checkpoint", help="a .pth/.pt/.ckpt file written by torch.save")
+    sp.add_argument("--strict", action="store_true", help="refuse classes outside ckptfs's allowlist")
+    sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if limits:
+        sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
+
+
+def human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _shape(shape: Sequence[int] | None) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def shape_text(shape: Sequence[int] | None) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def limits_from(args: argparse.Namespace) -> Any:
+    """``--limit NAME=VALUE`` options as a ckptfs.Limits (sizes accept K/M/G suffixes: 256M)."""
+    from ..limits import DEFAULT_LIMITS, Limits
+
+    values: dict[str, Any] = {}
+    for item in getattr(args, "limit", None) or []:
+        name, eq, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or name not in Limits.__dataclass_fields__:
+            known = ", ".join(Limits.__dataclass_fields__)
+            raise CkptfsError(f"--limit {item!r}: expected NAME=VALUE with NAME one of {known}")
+        kind = type(getattr(DEFAULT_LIMITS, name))
+        text = text.strip()
+        try:
+            if kind is bool:
+                values[name] = text.lower() in ("1", "true", "yes", "on")
+            elif kind is float:
+                values[name] = float(text)
+            else:
+                mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+                values[name] = int(text[:-1] if mult > 1 else text, 0) * mult
+        except ValueError:
+            raise CkptfsError(f"--limit {item!r}: {text!r} is not a {kind.__name__}") from None
+    return Limits(**values) if values else DEFAULT_LIMITS
+
+
+def leaf_preview(v: Any, n: int = 40) -> str:
+    return oneline(brief(v, n))
+
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """JSON for a terminal: readable Unicode, unless a string holds something a terminal would act on
+    or cannot encode (bidi overrides, lone surrogates): then every non-ASCII character is escaped."""
+    s = json.dumps(obj, ensure_ascii=False, indent=indent)
+    if not s.replace("\n", "").isprintable():
+        s = json.dumps(obj, ensure_ascii=True, indent=indent)
+    return s
+
+
+def print_table(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[c]) for r in table) for c in range(len(table[0]) - 1)]
+    out = sys.stdout
+    for r in table:
+        cells = [r[c].ljust(widths[c]) for c in range(len(widths))] + [r[-1]]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+def count_text(n: int) -> str:
+    """12,345,678 -> '12.3M' (K, M, B, T)."""
+    for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+

@@ -1,0 +1,244 @@
+"""The catalog: one key space over the indexes of one or more files.
+
+A *member* is one file: its source, its container, the converter that turned its recorded calls into
+nodes (its storage references point back at its container). The catalog indexes the members' object
+graphs as one tree:
+
+* one file: the tree is the file's own (``Checkpoint`` on a ``.pth`` is the one-member case);
+* several files, ``flat``: their top-level dicts are united into one dict (shards of one state_dict).
+  **Collision rule**: members are taken in the order given; a key that an earlier member already has is
+  kept, renamed ``key#2`` (``#3`` ...: the index's rule for duplicate dotted keys), and reported in
+  :attr:`Catalog.conflicts` naming both files. Nothing is dropped. A member whose top-level object is
+  not a dict is placed under its name;
+* several files, not ``flat``: each file is a subtree named by its member name.
+
+Members' containers are opened concurrently (a thread each, up to ``MAX_OPENERS``): on remote or cold
+storage the round trips of a directory's files overlap instead of adding up.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..container import Container, open_container
+from ..container.base import Attachment
+from ..errors import CkptfsError, FormatError, TensorError, UnsupportedError
+from ..limits import DEFAULT_LIMITS, Limits
+from ..pickle.nodes import TensorNode
+from ..pickle.unpickler import gc_paused
+from ..source import ByteSource, open_source
+from .convert import Converter
+from .index import COMPOSITE, LINK, TENSOR, Index
+from .meta import Meta
+from .reader import TensorData
+from .tensors import ensure_valid
+
+MAX_OPENERS = 8
+
+
+@dataclass
+class Member:
+    """One file of a catalog."""
+
+    name: str
+    source: ByteSource
+    container: Container
+    converter: Converter
+    unknown_globals: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A key two members both have (flat catalogs): the later one's entry was renamed ``renamed``."""
+
+    key: str
+    first: str  # member names
+    second: str
+    renamed: str
+
+    def __str__(self) -> str:
+        return f"key {self.key!r} is in {self.first} and in {self.second}; the second is {self.renamed!r}"
+
+
+class Catalog:
+    """Members and the index of their merged key space."""
+
+    def __init__(self, members: list[Member], index: Index, limits: Limits, name: str) -> None:
+        self.members = members
+        self.index = index
+        self.limits = limits
+        self.name = name
+        self.conflicts = [Conflict(k, members[a].name, members[b].name, new) for k, a, b, new in index.conflicts]
+        self._data: dict[int, TensorData] = {}
+        max_ndim = limits.max_ndim
+        index.validator = lambda t: ensure_valid(t, max_ndim)
+
+    # --- opening ----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | ByteSource, *, strict: bool = False,
+             limits: Limits = DEFAULT_LIMITS) -> Catalog:
+        """A catalog of one file."""
+        source = open_source(path)
+        try:
+            container = open_container(source, limits)
+            member = Member("", source, container, Converter(limits, owner=container), {})
+            with gc_paused():  # one pause for everything that builds the index (see gc_paused)
+                graph = container.object_graph(strict)
+                member.unknown_globals = graph.unknown_globals
+                index = Index([graph.take()], limits=limits, converter=member.converter, owned=True)
+                del graph
+                container.bind(member.converter.refs)
+        except CkptfsError as e:
+            source.close()
+            raise e.at(file=source.name) from None
+        except BaseException:
+            source.close()
+            raise
+        return cls([member], index, limits, source.name)
+
+    @classmethod
+    def merge(cls, sources: Sequence[tuple[str, ByteSource]], *, name: str, flat: bool, strict: bool = False,
+              limits: Limits = DEFAULT_LIMITS) -> Catalog:
+        """A catalog of several files ``(member name, source)``, in that order (see the module doc)."""
+        if not sources:
+            raise FormatError("no checkpoint files to open", file=name)
+        containers: list[Container | None] = [None] * len(sources)
+
+        def open_one(i: int) -> None:
+            try:
+                containers[i] = open_container(sources[i][1], limits)
+            except CkptfsError as e:
+                raise e.at(file=sources[i][1].name) from None
+
+        try:
+            # the containers' I/O (end records, directories) concurrently; unpickling stays in this thread
+            # (the unpickling probe forks, which a process must not do while other threads run)
+            if len(sources) == 1:
+                open_one(0)
+            else:
+                with ThreadPoolExecutor(min(MAX_OPENERS, len(sources)), thread_name_prefix="ckptfs-open") as pool:
+                    for future in [pool.submit(open_one, i) for i in range(len(sources))]:
+                        future.result()  # the first failure, in member order
+            members = []
+            roots = []
+            with gc_paused():
+                for (member_name, source), container in zip(sources, containers):
+                    assert container is not None
+                    member = Member(member_name, source, container, Converter(limits, owner=container), {})
+                    try:
+                        graph = container.object_graph(strict)
+                    except CkptfsError as e:
+                        raise e.at(file=source.name) from None
+                    member.unknown_globals = graph.unknown_globals
+                    members.append(member)
+                    roots.append((member_name, graph.take(), member.converter))
+                    del graph
+                index = Index.merged(roots, flat=flat, limits=limits)
+                del roots
+                for m in members:
+                    m.container.bind(m.converter.refs)
+        except BaseException:
+            for _, source in sources:
+                source.close()
+            raise
+        return cls(members, index, limits, name)
+
+    # --- members ----------------------------------------------------------------------------------------
+    def member_of(self, row: int) -> Member:
+        """The file a row comes from (the only member for a one-file catalog, and for a merged root)."""
+        owners = self.index.owners
+        m = owners[row] if owners is not None else 0
+        return self.members[max(m, 0)]
+
+    def converter_of(self, row: int) -> Converter:
+        """The converter of the file a row comes from (turns recorded calls in values into nodes)."""
+        return self.member_of(row).converter
+
+    def unknown_globals(self) -> dict[str, int]:
+        """Classes the files' pickles named and ckptfs did not import, with how often each was named."""
+        out: dict[str, int] = {}
+        for m in self.members:
+            for k, n in m.unknown_globals.items():
+                out[k] = out.get(k, 0) + n
+        return dict(sorted(out.items()))
+
+    def attachments(self) -> list[tuple[Member, Attachment]]:
+        return [(m, a) for m in self.members for a in m.container.attachments()]
+
+    # --- keys and metadata ------------------------------------------------------------------------------
+    def row(self, key: str | tuple[object, ...]) -> int:
+        """The index row of a key (dotted string, or the tuple of original keys), links followed."""
+        index = self.index
+        i = index.by_key.get(key) if type(key) is str else index.find_path(key) if isinstance(key, tuple) else None
+        if i is None:
+            raise KeyError(key)
+        return i if index.kinds[i] != LINK else index.resolve(i)
+
+    def meta(self, row: int) -> Meta:
+        """Metadata of a row (links not followed)."""
+        return Meta(self.index, row, self.member_of(row).container.byteorder)
+
+    # --- bytes -------------------------------------------------------------------------------------------
+    def storage_source(self, t: TensorNode) -> ByteSource | None:
+        """The bytes of a tensor's storage (bound once per storage), or None when it has no storage."""
+        ref = t.storage
+        if ref is None or ref.owner is None or t.error is not None:
+            return None
+        if ref.data is None:
+            ref.data = ref.owner.storage_source(ref.key)
+        return ref.data
+
+    def data(self, row: int) -> TensorData:
+        """A tensor row's bytes, planned (made once per row): raises TensorError / UnsupportedError for
+        entries whose bytes are not served."""
+        d = self._data.get(row)
+        if d is None:
+            index = self.index
+            kind = index.kinds[row]
+            if kind != TENSOR:
+                if kind == COMPOSITE:  # sparse, nested, per-channel quantized: its bytes are its parts'
+                    parts = ", ".join(index.keys[c] for c in index.children(row))
+                    raise UnsupportedError(f"a {index.nodes[row].kind} tensor is stored as parts: read {parts}",  # type: ignore[attr-defined]
+                                           file=self.name, record=index.keys[row])
+                raise TensorError(f"is a {kind}, not a tensor", file=self.name, record=index.keys[row])
+            d = self.node_data(index.nodes[row], index.keys[row])  # type: ignore[arg-type]
+            self._data[row] = d  # (a race makes two equal plans: harmless)
+        return d
+
+    def node_data(self, t: TensorNode, key: str = "") -> TensorData:
+        """The bytes of any tensor node (validated, its storage bound); ``key`` names it in errors."""
+        ensure_valid(t, self.limits.max_ndim)
+        try:
+            storage = self.storage_source(t)
+        except CkptfsError as e:
+            raise e.at(file=self.name, record=key or None) from None
+        return TensorData(t, storage, file_name=self.name, key=key)
+
+    def mapped(self, d: TensorData) -> tuple[mmap.mmap, int] | None:
+        """A tensor stored as one range of a local file: the file's private map and the tensor's offset in
+        it (zero-copy numpy arrays and torch tensors view it); else None. Checks the file is unchanged."""
+        if not d.size:
+            return None
+        region = d.region()
+        if region is None:
+            return None
+        region.file.check_unchanged()
+        return region.mapping()
+
+    def byteorder_of(self, t: TensorNode, row: int = 0) -> str:
+        """The byte order a tensor's bytes are stored in."""
+        order = (t.extra or {}).get("byteorder")
+        if isinstance(order, str):
+            return order
+        ref = t.storage
+        if ref is not None and ref.owner is not None:
+            return ref.owner.byteorder
+        return self.member_of(row).container.byteorder
+
+    def close(self) -> None:
+        for m in self.members:
+            m.source.close()
