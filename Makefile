@@ -12,6 +12,8 @@ help:
 	@echo "make test   - set up and run the test suite (real FUSE mounts included)"
 	@echo "make bench  - benchmarks against torch.load, zipslicer, safetensors, ratarmount -> docs/benchmarks.md"
 	@echo "make fuzz   - a long fuzzing run over mutated checkpoints"
+	@echo "make lint   - ruff, mypy and the import-linter layer contracts (docs/architecture.md)"
+	@echo "make test-quick - the tests not marked slow (a few minutes)"
 
 # System packages: FUSE 3 (and 2, for peers that need it). Skipped when already present.
 system-deps:
@@ -50,8 +52,9 @@ fuzz: setup
 	CKPTFS_FUZZ_EXAMPLES=$${CKPTFS_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
 
 lint: setup
-	$(PY) -m pip install -q ruff
-	$(PY) -m ruff check ckptfs tests benchmarks
+	$(VENV)/bin/ruff check ckptfs
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -37,7 +37,7 @@ def import_for(impl: str) -> dict[str, Any]:
         if impl in ("ckptfs_tensor", "ckptfs_load"):
             import torch
 
-            import ckptfs.torch_compat  # noqa: F401 - ckptfs.tensor()/load() import torch: count it as an import
+            import ckptfs.torchio.tensors  # noqa: F401 - ckptfs.tensor()/load() import torch: count it as an import
 
             mods["torch"] = torch
     elif impl.startswith("torch"):

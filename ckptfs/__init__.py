@@ -13,8 +13,9 @@ Importing ckptfs never imports torch; only ``Checkpoint.tensor`` and ``ckptfs.lo
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._version import __version__ as __version__
 from .api.checkpoint import Checkpoint
 from .errors import (
     CkptfsError,
@@ -30,7 +31,8 @@ from .model.catalog import Catalog
 from .model.meta import Meta
 from .source import ByteSource, LocalFile
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .views.tree import MemmapMode
 
 __all__ = [
     "ByteSource", "Catalog", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
@@ -38,7 +40,7 @@ __all__ = [
 ]
 
 
-def open(path: "str | os.PathLike[str] | ByteSource", *, strict: bool = False,  # noqa: A001
+def open(path: str | os.PathLike[str] | ByteSource, *, strict: bool = False,  # noqa: A001
          limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
     """Index a checkpoint (zip or legacy torch.save file) without running its pickle or importing torch.
 
@@ -47,7 +49,7 @@ def open(path: "str | os.PathLike[str] | ByteSource", *, strict: bool = False,  
     return Checkpoint(path, strict=strict, limits=limits)
 
 
-def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
+def load(path: str | os.PathLike[str], map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
          debug: bool = False, *, strict: bool = False, mmap: bool = True) -> Any:
     """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are made on access.
 
@@ -61,7 +63,7 @@ def load(path: "str | os.PathLike[str]", map_location: Any = "cpu", dtype: Any =
                  strict=strict, mmap=mmap)
 
 
-def memmap(path: "str | os.PathLike[str]", mode: str = "r") -> Any:
+def memmap(path: str | os.PathLike[str], mode: MemmapMode = "r") -> Any:
     """``np.memmap`` of a tensor file in a ckptfs mount, with dtype and shape from its sidecar."""
     from .views.tree import memmap_from_sidecar
 

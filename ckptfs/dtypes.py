@@ -6,6 +6,10 @@ No torch import: dtypes are identified by torch's own names ("float32", "bfloat1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ STORAGE_MODULES = ("torch", "torch.cuda", "torch.storage", "torch.cuda.storage")
 UINT8 = DTYPES["uint8"]
 
 
-def numpy_dtype(dt: DType, byteorder: str = "little"):  # -> numpy.dtype
+def numpy_dtype(dt: DType, byteorder: str = "little") -> np.dtype[Any]:
     """The numpy dtype for ``dt`` in the file's byte order; raises :class:`UnsupportedError` if none."""
     import numpy as np
 
@@ -133,6 +137,6 @@ def numpy_dtype(dt: DType, byteorder: str = "little"):  # -> numpy.dtype
                 f"{dt.name} needs the ml_dtypes package for a numpy view (pip install ml-dtypes); "
                 "or read the raw bytes with Checkpoint.read() / view them as uint8"
             ) from None
-        npdt = np.dtype(getattr(ml_dtypes, dt.numpy))
+        npdt: np.dtype[Any] = np.dtype(getattr(ml_dtypes, dt.numpy))
         return npdt.newbyteorder(">") if byteorder == "big" and dt.itemsize > 1 else npdt
     return np.dtype(dt.numpy_str(byteorder))

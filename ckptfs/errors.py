@@ -54,9 +54,9 @@ def _small(v: object, budget: int = 4000) -> bool:
             stack.extend((k, depth + 1) for k in x.keys())
             stack.extend((y, depth + 1) for y in x.values())
         elif isinstance(x, _CONTAINERS):
-            if len(x) > budget:  # type: ignore[arg-type]
+            if len(x) > budget:
                 return False
-            stack.extend((y, depth + 1) for y in x)  # type: ignore[union-attr]
+            stack.extend((y, depth + 1) for y in x)
     return True
 
 
@@ -68,15 +68,15 @@ def _partial(v: object, levels: int, items: int = 6) -> str:
         return repr(v) if v.bit_length() <= 200 else f"<int of {v.bit_length()} bits>"
     if isinstance(v, _CONTAINERS):
         if levels <= 0:
-            return f"<{type(v).__name__} of {len(v)}>"  # type: ignore[arg-type]
+            return f"<{type(v).__name__} of {len(v)}>"
         if isinstance(v, dict):
             parts = [f"{_partial(k, levels - 1)}: {_partial(x, levels - 1)}" for k, x in list(v.items())[:items]]
             open_, close = "{", "}"
         else:
-            parts = [_partial(x, levels - 1) for x in list(v)[:items]]  # type: ignore[call-overload]
+            parts = [_partial(x, levels - 1) for x in list(v)[:items]]
             open_, close = {list: ("[", "]"), tuple: ("(", ")")}.get(type(v), ("{", "}"))
-        if len(v) > items:  # type: ignore[arg-type]
-            parts.append(f"... {len(v) - items} more")  # type: ignore[arg-type]
+        if len(v) > items:
+            parts.append(f"... {len(v) - items} more")
         return open_ + ", ".join(parts) + close
     try:
         return repr(v)[:200]
@@ -101,7 +101,7 @@ class CkptfsError(Exception):
         parts.append(self.reason)
         return ": ".join(parts)
 
-    def at(self, *, file: str | None = None, record: str | None = None) -> "CkptfsError":
+    def at(self, *, file: str | None = None, record: str | None = None) -> CkptfsError:
         """Fill in the file / record if they are not known yet; returns self."""
         if self.file is None and file is not None:
             self.file = file

@@ -589,3 +589,40 @@ def test_indexing_frees_the_unpickled_graph_as_it_goes(tmp_path):
         tracemalloc.stop()
     assert ck.index.n_tensors == n
     assert peak / n < 1300, f"{peak / n:.0f} B per tensor at the peak"
+
+
+def test_pickled_tensor_metadata_cannot_overwrite_what_ckptfs_reserves(tmp_path):
+    """``_rebuild_tensor_v2``'s metadata dict (torch's conj/neg flags) must not set ckptfs's own facts: the
+    byte order, the device, inline data. A file claiming them keeps its real ones."""
+    import io
+    import zipfile
+
+    class Storage:
+        pass
+
+    class Lying:
+        def __reduce__(self):
+            meta = {"byteorder": "big", "device": "cuda:7", "inline": b"xx", "conj": False}
+            return (torch._utils._rebuild_tensor_v2, (Storage(), 0, (6,), (1,), False, OrderedDict(), meta))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", 6) if isinstance(obj, Storage) else None
+
+    w = torch.arange(6, dtype=torch.float32)
+    p = tmp_path / "m.pth"
+    torch.save({"w": w}, p)
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump({"w": Lying()})
+    out = io.BytesIO()
+    with zipfile.ZipFile(p) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for n in zin.namelist():
+            zout.writestr(n, buf.getvalue() if n.endswith("/data.pkl") else zin.read(n))
+    q = tmp_path / "lying.pth"
+    q.write_bytes(out.getvalue())
+    with ckptfs.open(q) as ckpt:
+        m = ckpt.meta("w")
+        assert m.byteorder == "little" and m.location == "cpu"
+        assert m.extra == {"conj": False}
+        assert ckpt.read("w") == torch_bytes(w)
+        assert ckpt.numpy("w").tolist() == w.tolist()

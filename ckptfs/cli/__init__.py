@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CkptfsError, brief, oneline
 from . import check, inspect, mount
 from .common import EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE

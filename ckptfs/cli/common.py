@@ -82,7 +82,7 @@ def json_text(obj: Any, indent: int | None = None) -> str:
     return s
 
 
-def print_table(table: list[tuple[str, ...]]) -> None:
+def print_table(table: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[c]) for r in table) for c in range(len(table[0]) - 1)]
     out = sys.stdout
     for r in table:

@@ -68,6 +68,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for m in rows:
             if m.kind == "tensor":
                 t = m.tensor_node
+                assert t is not None  # a tensor row's meta
                 nb = nbytes(t)
                 n_t += 1
                 total += nb
@@ -80,10 +81,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def print_tree(ckpt: Any, rows: list, args: argparse.Namespace) -> None:
+def print_tree(ckpt: Any, rows: list[Any], args: argparse.Namespace) -> None:
     """Keys split on '.', subtrees with their total size (like du)."""
     size = (lambda n: str(n)) if args.bytes else human
-    tree: dict = {}
+    tree: dict[str, Any] = {}
     for m in rows:
         node = tree
         parts = m.key.split(".") if m.key else ["<root>"]
@@ -99,7 +100,7 @@ def print_tree(ckpt: Any, rows: list, args: argparse.Namespace) -> None:
             return sum(total(v) for v in node.values())
         return node.nbytes or 0 if node.kind == "tensor" else 0
 
-    def walk(node: dict, indent: str) -> None:
+    def walk(node: dict[str, Any], indent: str) -> None:
         items = list(node.items())
         for n, (name, child) in enumerate(items):
             last = n == len(items) - 1

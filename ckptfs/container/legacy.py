@@ -22,7 +22,7 @@ byte ranges of the file, served by pread like stored zip records.
 from __future__ import annotations
 
 import io
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits
@@ -30,6 +30,9 @@ from ..pickle.nodes import StorageRef, StorageViewRef
 from ..pickle.unpickler import SafeUnpickler, unpickle
 from ..source import ByteSource, SubRange
 from .base import Attachment, ObjectGraph
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -65,14 +68,15 @@ class _Window(io.RawIOBase):
         self.pos = offset
         return self.pos
 
-    def readinto(self, b: "bytearray | memoryview") -> int:  # type: ignore[override]
-        n = min(len(b), self.end - self.pos)
+    def readinto(self, b: WriteableBuffer) -> int:
+        view = memoryview(b)
+        n = min(len(view), self.end - self.pos)
         if n <= 0:
             if self.truncated_by_limit:
                 raise LimitError(f"{self.what} is over the limit of {self.limit} bytes "
                                  "(raise Limits.max_pickle_bytes to index it)")
             return 0
-        got = self.source.preadinto(memoryview(b)[:n], self.pos)
+        got = self.source.preadinto(view[:n], self.pos)
         self.pos += got
         return got
 
@@ -104,10 +108,10 @@ class LegacyStream:
         return FormatError(msg, file=self.source.name, record=record)
 
     # --- the three header pickles ---------------------------------------------------------------------
-    def _read_header(self) -> tuple[int, dict]:
+    def _read_header(self) -> tuple[int, dict[str, object]]:
 
         stream = _stream(self.source, 0, HEADER_WINDOW, "the legacy header")
-        up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
+        up = SafeUnpickler(stream, strict=True, limits=self.limits)
         values = []
         for what in ("magic number", "protocol version", "sys_info"):
             try:
@@ -155,7 +159,7 @@ class LegacyStream:
     def _read_keys(self, at: int) -> tuple[list[str], int]:
 
         stream = _stream(self.source, at, self.limits.max_pickle_bytes, "the legacy storage key list")
-        up = SafeUnpickler(stream, strict=True, limits=self.limits)  # type: ignore[arg-type]
+        up = SafeUnpickler(stream, strict=True, limits=self.limits)
         record = f"storage key list at byte {at}"
         try:
             keys = up.load()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class ZipRecord:
     __slots__ = ("archive", "name", "raw_name", "header_offset", "compress_size", "size", "method", "crc",
                  "flags", "end_bound", "_data_offset", "_data")
 
-    def __init__(self, archive: "ZipArchive", name: str, raw_name: bytes, header_offset: int,
+    def __init__(self, archive: ZipArchive, name: str, raw_name: bytes, header_offset: int,
                  compress_size: int, size: int, method: int, crc: int, flags: int) -> None:
         self.archive = archive
         self.name = name
@@ -119,7 +119,7 @@ class ZipRecord:
             if local != central and (local != U32 or what == "CRC") and (local or not flags & FLAG_DESCRIPTOR):
                 raise self._fail(f"local header and central directory disagree on the {what} "
                                  f"({local} vs {central})")
-        data_offset = self.header_offset + LOCAL.size + name_len + extra_len
+        data_offset: int = self.header_offset + LOCAL.size + name_len + extra_len
         if data_offset + self.compress_size > self.end_bound:
             raise self._fail(
                 f"record data [{data_offset}, {data_offset + self.compress_size}) overlaps the next entry "
@@ -219,7 +219,7 @@ class _Inflater:
         self.rec = rec
         self.lock = threading.Lock()
         # block index -> (input bytes fed before the block, decompressor state at the block's start)
-        self.points: dict[int, tuple[int, "zlib._Decompress"]] = {0: (0, zlib.decompressobj(-15))}
+        self.points: dict[int, tuple[int, zlib._Decompress]] = {0: (0, zlib.decompressobj(-15))}
         self.cached_block = -1
         self.cached = b""
 
@@ -278,7 +278,7 @@ class _Inflater:
             raise rec._fail("CRC mismatch in deflated record")
         return data
 
-    def _check_end(self, d: "zlib._Decompress", in_pos: int) -> None:
+    def _check_end(self, d: zlib._Decompress, in_pos: int) -> None:
         """The declared size was produced: the deflate stream must end there too (zipfile and torch's
         reader refuse a record that inflates to more; serving its first bytes would hide the rest)."""
         rec = self.rec
@@ -319,7 +319,7 @@ class ZipArchive:
         return FormatError(msg, file=self.source.name, record=record)
 
     # --- end records ----------------------------------------------------------------------------------
-    def _find_eocd(self) -> tuple[int, tuple]:
+    def _find_eocd(self) -> tuple[int, tuple[Any, ...]]:
         size = self.source.size
         if size < EOCD.size:
             raise self._fail(f"too short for a zip archive ({size} bytes)")
@@ -428,7 +428,7 @@ class ZipArchive:
         if text.count("\x00" + root) != count - 1:
             bad = next(n for n in names if not n.startswith(root))
             raise self._fail(f"entry is outside the archive root {root!r}", record=bad)
-        rows = dict(zip(text[rlen:].replace("\x00" + root, "\x00").split("\x00"), range(count)))
+        rows = dict(zip(text[rlen:].replace("\x00" + root, "\x00").split("\x00"), range(count), strict=False))
         if len(rows) != count:
             seen: set[str] = set()
             dup = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
@@ -471,7 +471,8 @@ class ZipArchive:
         try:
             return joined[:-1].tobytes().decode("utf-8")
         except UnicodeDecodeError:
-            return "\x00".join(self._decode_name(self._raw_name(i), int(f)) for i, f in zip(range(count), flags.tolist()))
+            return "\x00".join(self._decode_name(self._raw_name(i), int(f))
+                                for i, f in zip(range(count), flags.tolist(), strict=False))
 
     def _raw_name(self, i: int) -> bytes:
         start = int(self._name_start[i])
@@ -589,7 +590,7 @@ class ZipArchive:
 
     def methods(self) -> dict[int, int]:
         vals, counts = np.unique(self._method, return_counts=True)
-        return {int(v): int(c) for v, c in zip(vals, counts)}
+        return {int(v): int(c) for v, c in zip(vals, counts, strict=False)}
 
     def read_small(self, name: str) -> bytes | None:
         rec = self.get(name)

@@ -126,7 +126,7 @@ class Catalog:
             members = []
             roots = []
             with gc_paused():
-                for (member_name, source), container in zip(sources, containers):
+                for (member_name, source), container in zip(sources, containers, strict=False):
                     assert container is not None
                     member = Member(member_name, source, container, Converter(limits, owner=container), {})
                     try:

@@ -44,7 +44,7 @@ class Entry:
 
     __slots__ = ("index", "i")
 
-    def __init__(self, index: "Index", i: int) -> None:
+    def __init__(self, index: Index, i: int) -> None:
         self.index = index
         self.i = i
 
@@ -79,7 +79,7 @@ def opaque_children(obj: OpaqueObject) -> list[tuple[object, object]]:
     key/index, a dict BUILD state by attribute name, then anything else under __args__ / __kwargs__ /
     __state__ (a name that would collide also goes under its group)."""
     out: list[tuple[object, object]] = []
-    taken: set = set()
+    taken: set[object] = set()
 
     def add(name: object, value: object) -> None:
         try:
@@ -228,6 +228,8 @@ class Index:
             seen_, keep_alive_, classify_ = seen, keep_alive, classify
             conv = convs[m]
             v2_convert = conv.v2
+            kind: str
+            node: object
             prefix = keys[i] + "." if i else ""
             first = len(keys)
             d1 = depth[i] + 1
@@ -294,9 +296,9 @@ class Index:
             depth[0] = 0
         del root  # from here the rows (and keep_alive) hold it, as they hold every container
         if members is not None:  # the root of a merged index: the members' top-level items, or the members
-            for m, (name, obj, conv) in enumerate(members):
+            for m, (name, obj, _conv) in enumerate(members):
                 if flat and type(obj) in PLAIN_DICTS:
-                    expand(0, obj.items(), len(obj), m)  # type: ignore[attr-defined]
+                    expand(0, obj.items(), len(obj), m)  # type: ignore[attr-defined, arg-type]
                 else:
                     expand(0, [(name, obj)], 1, m)
             spans[0] = (1, len(keys) - 1)
@@ -324,7 +326,7 @@ class Index:
             elif k_i == COMPOSITE:
                 items = obj.parts  # type: ignore[attr-defined]
             else:
-                items = enumerate(obj)  # type: ignore[call-overload]
+                items = enumerate(obj)  # type: ignore[arg-type]
             first = len(keys)
             n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
             expand(i, items, n_items, owners[i] if owners is not None else 0)
@@ -351,16 +353,16 @@ class Index:
         first, count = self._spans.get(i, (0, 0))
         return range(first, first + count)
 
-    def path(self, i: int) -> tuple:
+    def path(self, i: int) -> tuple[object, ...]:
         """The original keys/indices from the root to row ``i``."""
-        out = []
+        out: list[object] = []
         names, parents = self.names, self.parents
         while parents[i] >= 0:
             out.append(names[i])
             i = parents[i]
         return tuple(reversed(out))
 
-    def find_path(self, path: tuple) -> int | None:
+    def find_path(self, path: tuple[object, ...]) -> int | None:
         """The row at a path of original keys (reaches keys whose dotted form is ambiguous)."""
         i = 0
         for part in path:
@@ -410,7 +412,7 @@ PLAIN_DICTS = (dict, PickledOrderedDict)
 def _sole_holders() -> int:
     """sys.getrefcount() of a container held only by the index: the rows list, keep_alive, the loop's
     local and getrefcount's own argument (measured, not assumed: interpreters count differently)."""
-    obj: dict = {}
+    obj: dict[object, object] = {}
     rows, keep_alive = [obj], [obj]  # noqa: F841 - they hold it, as the index's lists do
     return sys.getrefcount(obj)
 
@@ -418,7 +420,7 @@ def _sole_holders() -> int:
 SOLE_HOLDERS = _sole_holders()
 
 
-def _draining(d: dict) -> Iterator[tuple]:
+def _draining(d: dict[object, object]) -> Iterator[tuple[object, object]]:
     """``d.items()``, each value replaced by None in ``d`` as it is handed out (same size: iterating stays
     valid; the key's hash is cached or was computed by the unpickler already), then ``d`` emptied."""
     setitem = dict.__setitem__

@@ -7,7 +7,7 @@ every key of a 200k-tensor checkpoint costs little. ``to_dict()`` gives the JSON
 from __future__ import annotations
 
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from ..errors import brief
 from ..pickle.nodes import (
@@ -54,7 +54,7 @@ class Meta:
         return self._index.kinds[self._row]
 
     @property
-    def path(self) -> tuple:
+    def path(self) -> tuple[object, ...]:
         """The original keys from the root (ints, strs, ... as pickled)."""
         return self._index.path(self._row)
 
@@ -84,12 +84,12 @@ class Meta:
         return node.dtype.name if type(node) is TensorNode else None
 
     @property
-    def shape(self) -> tuple | None:
+    def shape(self) -> tuple[int, ...] | None:
         node = self._index.nodes[self._row]
         return node.shape if type(node) is TensorNode else None
 
     @property
-    def stride(self) -> tuple | None:
+    def stride(self) -> tuple[int, ...] | None:
         t = self._t
         return t.stride if t else None
 
@@ -121,7 +121,8 @@ class Meta:
             return None
         ref = t.storage
         default = ref.owner.byteorder if ref is not None and ref.owner is not None else self._byteorder
-        return (t.extra or {}).get("byteorder", default)
+        order: str = (t.extra or {}).get("byteorder", default)
+        return order
 
     @property
     def numpy_dtype(self) -> str | None:
@@ -185,7 +186,7 @@ class Meta:
         t = self._t
         if t is None:
             return None
-        device = t.extra.get("device") if t.extra else None  # set where the storage's location is not it
+        device: str | None = t.extra.get("device") if t.extra else None  # set where the storage's location is not it
         if device is not None:
             return device
         return t.storage.location if t.storage is not None else None
@@ -208,7 +209,7 @@ class Meta:
         return t.unsupported if t else None
 
     @property
-    def extra(self) -> dict:
+    def extra(self) -> dict[str, Any]:
         """Kind-specific facts: conj/neg flags, qparams, subclass, python_state, ..."""
         t = self._t
         if t is None or not t.extra:
@@ -241,7 +242,7 @@ class Meta:
         """For a link: the key of the object this entry shares (a container met twice)."""
         if self.kind != LINK:
             return None
-        return self._index.keys[self._index.nodes[self._row]]  # type: ignore[index]
+        return self._index.keys[cast(int, self._index.nodes[self._row])]  # a link's node is its target row
 
     # --- forms ---
     def to_dict(self) -> dict[str, Any]:
@@ -312,7 +313,7 @@ def _jsonable(v: object, depth: int = 0, budget: list[int] | None = None) -> Any
     if isinstance(v, TorchDevice):
         return v.spec
     if isinstance(v, (TorchGlobal, Inert)) and hasattr(v, "qualname"):
-        return getattr(v, "qualname")
+        return getattr(v, "qualname")  # noqa: B009 - Inert declares no qualname; hasattr() says it has one
     if isinstance(v, OpaqueObject):
         return {"opaque": type(v).qualname}
     if isinstance(v, type) and issubclass(v, OpaqueObject):

@@ -8,6 +8,8 @@ element). Bytes are in the file's byte order, exactly as stored.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import CkptfsError, LimitError, TensorError, UnsupportedError
@@ -104,7 +106,8 @@ class TensorData:
             return
         tmp = np.empty(e1 - e0, dtype=elem)
         self._gather_elements(e0, e1, tmp)
-        out[:] = tmp.view(np.uint8)[skip : skip + len(out)]
+        # an ndarray is a buffer (numpy's stubs declare __buffer__ for Python >= 3.12 only)
+        out[:] = tmp.view(np.uint8)[skip : skip + len(out)]  # type: ignore[call-overload]
 
     def _gather_elements(self, e0: int, e1: int, dst: np.ndarray) -> None:
         """Logical elements [e0, e1) into ``dst`` (1-D, one element of the tensor's size per item).
@@ -140,12 +143,12 @@ class TensorData:
 
 
 #: numpy types as wide as one element: strided copies move whole elements at once.
-_ELEMENT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64),
-            16: np.dtype((np.void, 16))}
+_ELEMENT: dict[int, np.dtype[Any]] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                                     8: np.dtype(np.uint64), 16: np.dtype((np.void, 16))}
 
 
-def _span(shape: tuple, stride: tuple) -> int:
-    return sum((s - 1) * st for s, st in zip(shape, stride) if s > 0)
+def _span(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    return sum((s - 1) * st for s, st in zip(shape, stride, strict=False) if s > 0)
 
 
 #: A last axis striding by at least this many bytes is copied in tiles of TILE columns: numpy walks the

@@ -31,7 +31,7 @@ def slice_node(t: TensorNode, index: Any) -> TensorNode:
     offset = t.storage_offset
     shape: list[int] = []
     stride: list[int] = []
-    for dim, (i, size, st) in enumerate(zip(index, t.shape, t.stride)):
+    for dim, (i, size, st) in enumerate(zip(index, t.shape, t.stride, strict=False)):
         if isinstance(i, slice):
             start, stop, step = i.indices(size)
             if step < 1:

@@ -26,14 +26,14 @@ NO_DATA_KINDS = ("meta", "wrapper")
 MAX_NBYTES = 1 << 62
 
 
-def numel(shape: tuple) -> int:
+def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for s in shape:
         n *= s
     return n
 
 
-def contiguous_strides(shape: tuple) -> tuple:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     out = [0] * len(shape)
     acc = 1
     for d in range(len(shape) - 1, -1, -1):
@@ -42,7 +42,7 @@ def contiguous_strides(shape: tuple) -> tuple:
     return tuple(out)
 
 
-def is_contiguous(shape: tuple, stride: tuple) -> bool:
+def is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """C-contiguous as torch defines it: strides of size-1 dimensions do not matter."""
     acc = 1
     for d in range(len(shape) - 1, -1, -1):
@@ -117,7 +117,7 @@ def check_geometry(t: TensorNode, max_ndim: int) -> str | None:
         return f"negative storage offset {offset}"
     n = 1
     last = offset
-    for s, st in zip(shape, stride):
+    for s, st in zip(shape, stride, strict=False):
         if s < 0 or st < 0:
             return f"negative size or stride (shape {shape}, stride {stride}; torch has no negative strides)"
         n *= s

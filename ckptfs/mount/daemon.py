@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CkptfsError
 
 log = logging.getLogger("ckptfs.mount")
@@ -76,7 +76,7 @@ def probe(path: str, timeout: float = 3.0) -> tuple[str, Any]:
     """statvfs() + stat() the path without hanging on a wedged daemon: ("ok", stat) / ("error", errno) /
     ("hung", None). statvfs always reaches a FUSE daemon (stat may be answered from the attribute cache),
     so a dead daemon shows as ENOTCONN."""
-    result: list = []
+    result: list[tuple[str, Any]] = []
 
     def run() -> None:
         try:
@@ -193,9 +193,9 @@ def _setup_logging(debug: bool, logfile: str | None, foreground: bool) -> None:
         handlers.append(logging.StreamHandler(sys.stderr))
     elif os.path.exists("/dev/log"):
         try:
-            h = logging.handlers.SysLogHandler("/dev/log")
-            h.ident = "ckptfs: "
-            handlers.append(h)
+            syslog = logging.handlers.SysLogHandler("/dev/log")
+            syslog.ident = "ckptfs: "
+            handlers.append(syslog)
         except OSError:
             pass
     for h in handlers:
@@ -396,7 +396,7 @@ def _umount2(path: str, lazy: bool) -> tuple[int, str]:
 
 def _daemon_pid(mnt: str) -> int | None:
     """The daemon's pid from /.ckptfs/mount.json (read with a timeout: never hang on a wedged daemon)."""
-    out: list = []
+    out: list[int] = []
 
     def read() -> None:
         try:

@@ -21,7 +21,7 @@ import stat
 import threading
 import warnings
 from ctypes.util import find_library
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..views.namespace import DIR, FILE, LINK
 
@@ -115,10 +115,10 @@ def load_fuse() -> Any:
     if choice in ("2", "3"):
         os.environ["FUSE_LIBRARY_NAME"] = "fuse3" if choice == "3" else "fuse"
     try:
-        import mfusepy as fuse  # type: ignore[import-not-found]
+        import mfusepy as fuse
     except ImportError:
         try:
-            import fuse  # type: ignore[import-not-found,no-redef]  # fusepy: libfuse2 only
+            import fuse  # fusepy: libfuse2 only
         except ImportError:
             raise FuseUnavailable("the Python package mfusepy is missing: pip install mfusepy") from None
         except OSError as e:
@@ -155,18 +155,20 @@ class Operations:
         self.mtime = source.mtime_ns
         self.mountpoint = mountpoint
         self.read_ahead_kb = read_ahead_kb
-        self.handles: dict[int, Any] = {}
-        self.dirs: dict[int, tuple] = {}  # open directories: fh -> (node, listing or None)
+        self.handles: dict[int, tuple[Handle, str]] = {}  # fh -> (handle, path)
+        # open directories: fh -> (node, listing or None)
+        self.dirs: dict[int, tuple[int, list[tuple[str, int]] | None]] = {}
         self._fh = itertools.count(1)
         self._paths: dict[str, int] = {}  # path -> node, filled on lookup
         self.ready = threading.Event()  # set once the mount has answered a request
-        self.on_ready: list = []  # callables run then (the daemon detaches its stderr)
+        self.on_ready: list[Callable[[], object]] = []  # callables run then (the daemon detaches its stderr)
         self.max_read = 0
         self.errors = 0
 
     # --- helpers --------------------------------------------------------------------------------------
     def _err(self, code: int) -> Exception:
-        return self._fuse.FuseOSError(code)
+        err: Exception = self._fuse.FuseOSError(code)
+        return err
 
     def _node(self, path: str) -> int:
         node = self._paths.get(path)
@@ -274,7 +276,7 @@ class Operations:
             return self.attrs(node)
         return {"st_mode": _MODES[self.source.node_type(node)], "st_ino": self.source.inode(node)}
 
-    def readdir(self, path: str, fh: int) -> list:
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         """All entries at once (libfuse2 / fusepy: they buffer the listing themselves)."""
         return [(name, self.entry_attrs(child, False), 0) for name, child in self.listing(fh)]
 
@@ -345,7 +347,7 @@ class Operations:
         n = self.read_into(fh, ctypes.cast(buf, ctypes.POINTER(ctypes.c_byte)), size, offset)
         if n < 0:
             raise self._err(-n)
-        return bytes(buf[:n])
+        return buf.raw[:n]
 
     def release(self, path: str, fh: int) -> int:
         entry = self.handles.pop(fh, None)
@@ -370,7 +372,8 @@ class Operations:
 def make_fuse_class(fuse: Any) -> type:
     """The binding's FUSE class with a zero-copy ``read``: the handle preadv()s into libfuse's buffer."""
 
-    class ZeroCopyFUSE(fuse.FUSE):  # type: ignore[misc,name-defined]
+    class ZeroCopyFUSE(fuse.FUSE):
+        operations: Operations
         def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:  # noqa: D102
             return self.operations.read_into(fip.contents.fh, buf, size, offset)
 

@@ -9,7 +9,7 @@ pickle's BUILD cannot set attributes such as ``__defaults__`` on them. Everythin
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..dtypes import DTYPES, STORAGE_DTYPES, STORAGE_MODULES, UNTYPED_STORAGE
 from .nodes import (
@@ -44,7 +44,7 @@ class Builder(Inert):
         return f"<builder {self.qualname}>"
 
 
-def opaque_call(qualname: str, args: tuple) -> OpaqueObject:
+def opaque_call(qualname: str, args: tuple[object, ...]) -> OpaqueObject:
     """The record of a call ckptfs will not make (wrong argument types for a safe builder)."""
     cls = opaque_class(qualname + "()")
     obj = cls.__new__(cls, *args)
@@ -135,7 +135,7 @@ def _container(kind: type) -> Callable[..., object]:
 
 def _complex(*args: object) -> object:
     if len(args) <= 2 and all(type(a) in (int, float) for a in args):
-        return complex(*args)  # type: ignore[arg-type]
+        return complex(*cast("tuple[float, ...]", args))  # ints and floats only, checked just above
     return opaque_call("builtins.complex", args)
 
 
@@ -153,8 +153,11 @@ def _reconstructor(cls: object = None, base: object = None, state: object = None
 
 
 def _newobj(cls: object = None, *args: object) -> object:
-    if isinstance(cls, type) and issubclass(cls, (OpaqueObject, PickledOrderedDict)):
-        return cls.__new__(cls, *args)
+    if isinstance(cls, type):
+        if issubclass(cls, OpaqueObject):
+            return cls.__new__(cls, *args)
+        if issubclass(cls, PickledOrderedDict):
+            return cls.__new__(cls, *args)
     return opaque_call("copyreg.__newobj__", (cls,) + args)
 
 

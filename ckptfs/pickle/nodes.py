@@ -7,7 +7,7 @@ fall back to setting attributes or touching ``__dict__``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from ..dtypes import DType
 from ..errors import UnsafePickleError
@@ -64,7 +64,7 @@ class Call(BaseException):
     __str__ = __repr__
 
 
-def call_class(qualname: str) -> type:
+def call_class(qualname: str) -> type[Call]:
     return type(qualname.rsplit(".", 1)[-1], (Call,), {"__slots__": (), "call": qualname, "__module__": __name__})
 
 
@@ -87,7 +87,7 @@ class BuiltCall(Call):
         self.args = (BUILT, a, state)
 
 
-def built_call_class(qualname: str) -> type:
+def built_call_class(qualname: str) -> type[BuiltCall]:
     return type(qualname.rsplit(".", 1)[-1], (BuiltCall,),
                 {"__slots__": (), "call": qualname, "qualname": qualname, "__module__": __name__})
 
@@ -143,6 +143,21 @@ class StorageViewRef(StorageRef):
         self.view_offset = 0
 
 
+#: Keys of ``TensorNode.extra`` that ckptfs itself sets and reads (device, byte order, inline data ...). A
+#: pickle's tensor metadata (torch's conj/neg flags) is copied into ``extra`` only under other names, so a
+#: crafted file cannot make ckptfs serve other bytes, or claim another byte order or device.
+RESERVED_EXTRA = frozenset({
+    "device", "byteorder", "inline", "fortran_order", "numpy_dtype", "subclass", "python_state", "layout",
+    "qscheme", "scale", "zero_point", "axis", "nnz", "sparse_dim", "dense_dim", "is_coalesced", "blocksize",
+    "tensors", "ndim", "data", "call", "args", "storage",
+})
+
+
+def metadata_extra(metadata: dict[object, object]) -> dict[str, object]:
+    """The part of a pickle's tensor metadata shown in ``extra``: string keys ckptfs does not reserve."""
+    return {k: v for k, v in metadata.items() if type(k) is str and k not in RESERVED_EXTRA}
+
+
 class TensorNode(Inert):
     """A tensor as the pickle describes it. ``kind`` is "dense" for plain strided tensors (served);
     other kinds (quantized, sparse, nested, meta, wrapper, ...) carry what they are in ``extra``."""
@@ -150,8 +165,9 @@ class TensorNode(Inert):
     __slots__ = ("kind", "storage", "dtype", "shape", "stride", "storage_offset", "requires_grad",
                  "is_parameter", "metadata", "extra", "error", "unsupported", "parts", "validated")
 
-    def __init__(self, kind: str, storage: StorageRef | None, dtype: DType, shape: tuple, stride: tuple | None,
-                 storage_offset: int, requires_grad: bool = False, metadata: dict | None = None) -> None:
+    def __init__(self, kind: str, storage: StorageRef | None, dtype: DType, shape: tuple[int, ...],
+                 stride: tuple[int, ...] | None, storage_offset: int, requires_grad: bool = False,
+                 metadata: dict[Any, Any] | None = None) -> None:
         self.kind = kind
         self.storage = storage
         self.dtype = dtype
@@ -161,15 +177,15 @@ class TensorNode(Inert):
         self.requires_grad = requires_grad
         self.is_parameter = False
         self.metadata = metadata
-        self.extra: dict | None = None
+        self.extra: dict[str, Any] | None = None
         self.error: str | None = None  # why this tensor cannot be served (bad shape, record, ...)
         self.unsupported: str | None = None  # why this kind's bytes are not served
         self.validated = False  # checked against its storage record (ckptfs.tensors.ensure_valid)
         # A composite tensor (sparse, nested, per-channel quantized): its component tensors as
         # ((name, value), ...). The index makes it a "composite" row whose children are the components.
-        self.parts: tuple | None = None
+        self.parts: tuple[tuple[str, TensorNode], ...] | None = None
 
-    def copy(self) -> "TensorNode":
+    def copy(self) -> TensorNode:
         t = TensorNode(self.kind, self.storage, self.dtype, self.shape, self.stride, self.storage_offset,
                        self.requires_grad, self.metadata)
         t.is_parameter = self.is_parameter
@@ -193,8 +209,14 @@ class OpaqueObject(Inert):
 
     __slots__ = ("args", "kwargs", "state", "items", "list_items", "how")
     qualname: ClassVar[str] = "?"
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: object
+    items: dict[object, object] | None
+    list_items: list[object] | None
+    how: str
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "OpaqueObject":
+    def __new__(cls, *args: Any, **kwargs: Any) -> OpaqueObject:
         self = object.__new__(cls)
         self.args = args
         self.kwargs = kwargs
@@ -225,7 +247,7 @@ class OpaqueObject(Inert):
             self.list_items = []
         self.list_items.extend(values)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> "OpaqueObject":
+    def __call__(self, *args: Any, **kwargs: Any) -> OpaqueObject:
         """Calling an opaque object (a gadget chain) only records the call."""
         cls = opaque_class(f"{self.qualname}()")
         res = cls.__new__(cls, *args, **kwargs)
@@ -236,26 +258,28 @@ class OpaqueObject(Inert):
         return f"<opaque {self.qualname}>"
 
 
-_OPAQUE_CACHE: dict[str, type] = {}
+_OPAQUE_CACHE: dict[str, type[OpaqueObject]] = {}
 
 
-def opaque_class(qualname: str) -> type:
+def opaque_class(qualname: str) -> type[OpaqueObject]:
     """A subclass of OpaqueObject standing for the global ``qualname`` (cached; classes are inert)."""
     cls = _OPAQUE_CACHE.get(qualname)
     if cls is None:
         if len(_OPAQUE_CACHE) > 50_000:  # a process indexing many hostile files: do not grow forever
             _OPAQUE_CACHE.clear()
-        cls = type("Opaque", (OpaqueObject,), {"__slots__": (), "qualname": qualname, "__module__": __name__})
+        cls = cast("type[OpaqueObject]",
+                   type("Opaque", (OpaqueObject,), {"__slots__": (), "qualname": qualname, "__module__": __name__}))
         cls.__qualname__ = f"Opaque[{qualname}]"
         _OPAQUE_CACHE[qualname] = cls
     return cls
 
 
-class PickledOrderedDict(dict):
+class PickledOrderedDict(dict[object, object]):
     """``collections.OrderedDict`` as data. BUILD stores its state (e.g. a state_dict's ``_metadata``)
     in ``state`` instead of setting attributes."""
 
     __slots__ = ("state",)
+    state: object
 
     def __init__(self, *args: Any) -> None:
         self.state = None
@@ -348,6 +372,7 @@ class NumpyDType(Inert):
     """``numpy.dtype(code, align, copy)`` + BUILD state: kept as the dtype string and its state."""
 
     __slots__ = ("code", "state")
+    state: object
 
     def __init__(self, code: object, *_args: object) -> None:
         self.code = code
@@ -373,6 +398,7 @@ class NumpyArray(Inert):
     ``(version, shape, dtype, is_fortran, rawdata)``: an array whose bytes live inside the pickle."""
 
     __slots__ = ("state",)
+    state: object
 
     def __init__(self) -> None:
         self.state = None

@@ -32,14 +32,15 @@ class SafeUnpickler(pickle.Unpickler):
     #: persistent ids are recorded in C (a class call), interpreted later by ckptfs.convert
     persistent_load = PersistentId
 
-    def __init__(self, data: "bytes | io.BufferedIOBase", *, strict: bool = False,
+    def __init__(self, data: bytes | io.BufferedIOBase, *, strict: bool = False,
                  limits: Limits = DEFAULT_LIMITS) -> None:
         # A buffered reader has peek(): the C unpickler then reads in big chunks instead of calling
         # read() once per opcode (4x faster on torch's state_dict pickles). A stream given instead of
         # bytes (the legacy format's main pickle, whose end is only known once read) must have peek()
         # too; the unpickler leaves it positioned just after STOP.
+        stream: io.BufferedIOBase
         if isinstance(data, (bytes, bytearray, memoryview)):
-            stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)  # type: ignore[arg-type]
+            stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
         else:
             stream = data
         super().__init__(stream, encoding="utf-8", errors="surrogateescape")
@@ -48,7 +49,7 @@ class SafeUnpickler(pickle.Unpickler):
         self.unknown_globals: dict[str, int] = {}  # qualified name -> times referenced
         self._stream = stream
         self._data = data if isinstance(data, (bytes, bytearray, memoryview)) else None
-        self._size_hint = len(data) if self._data is not None else None
+        self._size_hint = len(self._data) if self._data is not None else None
 
     def load(self) -> object:
         """Unpickle the next pickle: first in a forked child (see :func:`probe`), then here."""
@@ -73,7 +74,7 @@ class SafeUnpickler(pickle.Unpickler):
         return opaque_class(qualname)
 
 
-def unpickle(data: "bytes | io.BufferedIOBase", *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
+def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
              file: str | None = None, record: str | None = None) -> tuple[object, SafeUnpickler]:
     """Unpickle ``data`` (bytes, or a stream that bounds its own size) safely; any failure becomes one
     CkptfsError naming ``file`` and ``record``."""
@@ -130,7 +131,7 @@ def _plainly_bounded(up: SafeUnpickler) -> bool:
         head = peek(SMALL_PICKLE)[:SMALL_PICKLE] if peek is not None else b""
     tuples = 0
     try:
-        for op, arg, pos in pickletools.genops(head):
+        for op, arg, _pos in pickletools.genops(head):
             name = op.name
             if name in _SHARING or name in _PUTS and arg >= SMALL_PICKLE:  # type: ignore[operator]
                 return False
@@ -247,7 +248,7 @@ def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:
 
 
 def _read_all(fd: int) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     while True:
         chunk = os.read(fd, 4096)
         if not chunk:

@@ -17,6 +17,13 @@ class SubRange:
 
     __slots__ = ("parent", "start", "size", "name", "label", "read_size")
 
+    parent: ByteSource
+    start: int
+    size: int
+    name: str
+    label: str | None
+    read_size: int
+
     def __init__(self, parent: ByteSource, start: int, size: int, label: str | None = None) -> None:
         if start < 0 or size < 0:
             raise ValueError(f"negative range [{start}, +{size})")

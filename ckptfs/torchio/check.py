@@ -17,7 +17,7 @@ from ..model.index import COMPOSITE, TENSOR
 from ..model.meta import Meta
 
 
-def _lookup(obj: Any, path: tuple) -> Any:
+def _lookup(obj: Any, path: tuple[object, ...]) -> Any:
     """Follow a ckptfs path (original keys) through what torch.load returned."""
     import torch
 
@@ -134,6 +134,7 @@ def _compare_composite(meta: Meta, expected: Any) -> str | None:
     tensors of their own)."""
     import torch
 
+    assert meta.shape is not None  # the meta of a tensor row
     if not isinstance(expected, torch.Tensor):
         return f"torch.load gives a {type(expected).__name__} here, not a tensor"
     if meta.error:
@@ -159,6 +160,8 @@ def _compare_composite(meta: Meta, expected: Any) -> str | None:
 def _compare(catalog: Catalog, row: int, meta: Meta, expected: Any) -> str | None:
     import numpy as np
     import torch
+
+    assert meta.shape is not None  # the meta of a tensor row
 
     def read() -> bytes:
         return catalog.data(row).read()
@@ -205,7 +208,7 @@ def _compare(catalog: Catalog, row: int, meta: Meta, expected: Any) -> str | Non
         return f"cannot read torch's bytes ({type(e).__name__}: {e})"
     got = read()
     if got != want:
-        first = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        first = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         return f"bytes differ (first at byte {first}; {len(got)} vs {len(want)} bytes)"
     return None
 
@@ -214,8 +217,8 @@ def _torch_only_tensors(ref: Any, catalog: Catalog) -> list[tuple[object, ...]]:
     """Paths of tensors in torch.load's plain containers that ckptfs's index does not have."""
     import torch
 
-    missing: list[tuple] = []
-    stack: list[tuple[Any, tuple]] = [(ref, ())]
+    missing: list[tuple[object, ...]] = []
+    stack: list[tuple[Any, tuple[object, ...]]] = [(ref, ())]
     seen: set[int] = set()
     while stack and len(missing) < 100:
         obj, path = stack.pop()

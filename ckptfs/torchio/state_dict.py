@@ -22,14 +22,14 @@ class TensorMeta:
 
     shape: torch.Size
     dtype: torch.dtype
-    stride: tuple
+    stride: tuple[int, ...]
     storage_offset: int
     nbytes: int
     requires_grad: bool
     is_parameter: bool
     device: str
     record: str | None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def size(self, dim: int | None = None) -> Any:
         return self.shape if dim is None else self.shape[dim]
@@ -69,7 +69,7 @@ class LazyStateDict(Mapping):
         names = index.names
         self._children: dict[Any, int] = {names[c]: c for c in index.children(entry_idx)}
         self._overrides: dict[Any, Any] = {}
-        self._deleted: set = set()
+        self._deleted: set[Any] = set()
         self._cache: dict[Any, Any] = {}
 
     # Mapping protocol
@@ -155,7 +155,7 @@ class LazyStateDict(Mapping):
 
 
 def _meta_of_tensor(v: torch.Tensor) -> TensorMeta:
-    return TensorMeta(v.shape, v.dtype, tuple(v.stride()), v.storage_offset(), v.numel() * v.element_size(),
+    return TensorMeta(v.shape, v.dtype, tuple(v.stride()), int(v.storage_offset()), v.numel() * v.element_size(),
                       v.requires_grad, isinstance(v, torch.nn.Parameter), str(v.device), None)
 
 

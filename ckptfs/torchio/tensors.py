@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..dtypes import numpy_dtype
-from ..errors import CkptfsError, UnsupportedError
+from ..errors import CkptfsError, UnsupportedError, brief
 from ..model.catalog import Catalog
 from ..model.index import COMPOSITE, DICT, LEAF, LIST, OPAQUE, SET, TENSOR, TUPLE, classify
 from ..model.reader import TensorData
@@ -74,7 +74,7 @@ def _read_into_tensor(r: TensorData, out: torch.Tensor) -> None:
     if r.size == 0:
         return
     flat = out.reshape(-1).view(torch.uint8)
-    buf = memoryview(flat.numpy())
+    buf = flat.numpy().data
     r.readinto(buf, 0)
 
 
@@ -178,6 +178,7 @@ def tensor_of(catalog: Catalog, r: TensorData, row: int = 0, map_location: Any =
     name = catalog.name
     extra = t.extra or {}
     if t.kind == "meta":  # torch.load makes it on the meta device whatever map_location says
+        assert t.stride is not None  # (a meta tensor without strides has an error: TensorData refused it)
         return torch.empty_strided(t.shape, t.stride, dtype=torch_dtype(t.dtype.name), device="meta",
                                    requires_grad=t.requires_grad)
     if t.kind == "wrapper":
@@ -207,7 +208,11 @@ def tensor_of(catalog: Catalog, r: TensorData, row: int = 0, map_location: Any =
         if not native:
             _byteswap(out, t.dtype.itemsize, t.dtype.name.startswith("complex"))
     if t.metadata:
-        torch._utils.set_tensor_metadata(out, dict(t.metadata))  # conj / neg bits, as torch.load sets them
+        try:  # conj / neg bits, as torch.load sets them
+            torch._utils.set_tensor_metadata(out, dict(t.metadata))
+        except (TypeError, RuntimeError) as e:  # what torch.load would refuse too
+            raise UnsupportedError(f"tensor metadata {brief(t.metadata)} is refused by torch "
+                                   f"({type(e).__name__})", file=name, record=r.key) from None
     location = extra.get("device") or (t.storage.location if t.storage is not None else "cpu")
     dev = resolve_device(map_location, location)
     if dev.type != "cpu":
@@ -228,7 +233,7 @@ def _set_state(catalog: Catalog, row: int, out: torch.Tensor, state: Any, map_lo
     ``_rebuild_from_type_v2``), set as torch.load sets them, as plain data only; names that are not plain
     identifiers, dunders, or that torch.Tensor itself has (``data``, ``grad`` ...) are not set."""
     if isinstance(state, tuple) and len(state) == 2:  # (dict state, slots state)
-        merged: dict = {}
+        merged: dict[Any, Any] = {}
         for part in state:
             if isinstance(part, dict):
                 merged.update(part)
@@ -246,11 +251,11 @@ class OpaqueValue:
     """An object of a class ckptfs did not import: its qualified name and the data it was built from."""
 
     qualname: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
     state: Any = None
-    items: dict | None = None
-    list_items: list | None = None
+    items: dict[Any, Any] | None = None
+    list_items: list[Any] | None = None
 
 
 def entry_value(catalog: Catalog, row: int, map_location: Any, dtype: torch.dtype | None,

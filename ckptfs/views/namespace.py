@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, overload
 
 MAX_NAME = 255  # NAME_MAX, bytes
 MAX_PIECES = 64  # a dotted key becomes at most this many components
@@ -50,7 +50,7 @@ def escape(text: str) -> str:
     """``text`` as a safe file name fragment: '%', '/', '.' and non-printable characters as %XX."""
     if text.isprintable() and "%" not in text and "/" not in text and "." not in text:
         return text
-    out = []
+    out: list[str] = []
     for ch in text:
         if ch in _UNSAFE or not ch.isprintable():
             out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
@@ -134,10 +134,18 @@ def piece_name(piece: object) -> str:
     return shorten(name)
 
 
-def split_key(key: object) -> list:
+@overload
+def split_key(key: str) -> list[str]: ...
+
+
+@overload
+def split_key(key: object) -> Sequence[object]: ...
+
+
+def split_key(key: object) -> Sequence[object]:
     """The components a key stands for: a str split on '.', anything else itself."""
     if type(key) is str:
-        return key.split(".", MAX_PIECES - 1)  # type: ignore[union-attr]
+        return key.split(".", MAX_PIECES - 1)
     return [key]
 
 
@@ -322,8 +330,8 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
             continue
         d = row_dir[parents[r]]
         key = names[r]
-        if type(key) is str and "." in key:  # type: ignore[operator]
-            head, _, last = key.rpartition(".")  # type: ignore[union-attr]
+        if type(key) is str and "." in key:
+            head, _, last = key.rpartition(".")
             dd = prefix_dirs.get((d, head))
             if dd is None:
                 pieces = split_key(key)

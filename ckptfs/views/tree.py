@@ -23,7 +23,7 @@ import json
 import math
 import os
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..container.base import Attachment
 from ..dtypes import DTYPES, numpy_dtype
@@ -34,6 +34,7 @@ from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from ..model.meta import Meta, _jsonable
 from ..model.reader import TensorData
 from ..model.tensors import nbytes
+from ..pickle.nodes import TensorNode
 from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
 
@@ -164,7 +165,7 @@ class TreeView:
         """Bytes of tensor data (for statfs)."""
         if self._total is None:
             nodes = self.index.nodes
-            self._total = sum(nbytes(nodes[r]) for r in self.index.tensors())  # type: ignore[arg-type]
+            self._total = sum(nbytes(cast(TensorNode, nodes[r])) for r in self.index.tensors())  # tensor rows
         return self._total
 
     # --- content ------------------------------------------------------------------------------------
@@ -340,7 +341,11 @@ def _json_bytes(obj: Any, compact: bool = False) -> bytes:
         return json.dumps(hex(obj) if type(obj) is int else repr(type(obj))).encode("ascii")
 
 
-def memmap_from_sidecar(path: str, mode: str = "r") -> Any:
+#: np.memmap's modes
+MemmapMode = Literal["r", "readonly", "c", "copyonwrite", "r+", "readwrite", "w+", "write"]
+
+
+def memmap_from_sidecar(path: str, mode: MemmapMode = "r") -> Any:
     """``np.memmap`` of a tensor file with dtype, byte order and shape from its sidecar ``<path>.json``.
 
     bfloat16 / float8 map through ml_dtypes. Tensors with no elements give an empty (non-mapped) array,

@@ -63,19 +63,19 @@ class Converter(ExoticConverter):
 
     # --- small torch values ----------------------------------------------------------------------------
     # --- small values --------------------------------------------------------------------------------
-    def _size(self, a: tuple, name: str) -> object:
+    def _size(self, a: tuple[Any, ...], name: str) -> object:
         if len(a) == 1 and int_tuple(a[0]) is not None:
             return tuple(a[0])
         return opaque_value(name, a)
 
-    def _device(self, a: tuple, name: str) -> object:
+    def _device(self, a: tuple[Any, ...], name: str) -> object:
         if len(a) == 1 and isinstance(a[0], str):
             return TorchDevice(a[0])
         if len(a) == 2 and isinstance(a[0], str) and type(a[1]) is int:
             return TorchDevice(f"{a[0]}:{a[1]}")
         return opaque_value(name, a)
 
-    def _layout(self, a: tuple, name: str) -> object:
+    def _layout(self, a: tuple[Any, ...], name: str) -> object:
         if len(a) == 1 and isinstance(a[0], str) and a[0].startswith("torch."):
             return TorchGlobal(a[0])
         return opaque_value(name, a)

@@ -56,7 +56,7 @@ class ConverterBase:
         """A recorded call no handler interprets."""
         raise NotImplementedError(name)
 
-    def numpy_array(self, arr: NumpyArray) -> "TensorNode | OpaqueObject":
+    def numpy_array(self, arr: NumpyArray) -> TensorNode | OpaqueObject:
         """A pickled numpy array as a node, once per array object (a memo may reference one many times)."""
         aid = id(arr)
         node = self.done.get(aid)
@@ -68,7 +68,7 @@ class ConverterBase:
     def value(self, v: object) -> object:
         return self.convert(v) if isinstance(v, Call) else v
 
-    def _bad_call(self, name: str, a: tuple, why: str | None = None) -> TensorNode:
+    def _bad_call(self, name: str, a: tuple[Any, ...], why: str | None = None) -> TensorNode:
         t = TensorNode("dense", None, UINT8, (), None, 0)
         t.error = why or f"{name} called with {len(a)} arguments: {show(a)}"
         return t

@@ -19,18 +19,18 @@ def ascii_text(v: object) -> object:
     return v.decode("ascii", "backslashreplace") if isinstance(v, bytes) else v
 
 
-def int_tuple(v: object) -> tuple | None:
+def int_tuple(v: object) -> tuple[int, ...] | None:
     """A tuple of ints (sizes, strides), or None. Sequences longer than MAX_DIMS are not looked at: one
     memo-shared 10^5-item tuple given to 10^4 tensors would otherwise cost 10^9 steps."""
-    if (type(v) is tuple or type(v) is list) and len(v) <= MAX_DIMS:  # type: ignore[arg-type]
-        for x in v:  # type: ignore[attr-defined]
+    if (type(v) is tuple or type(v) is list) and len(v) <= MAX_DIMS:
+        for x in v:
             if type(x) is not int:
                 return None
-        return tuple(v)  # type: ignore[arg-type]
+        return tuple(v)
     return None
 
 
-def opaque_value(name: str, args: tuple) -> OpaqueObject:
+def opaque_value(name: str, args: tuple[object, ...]) -> OpaqueObject:
     from ...pickle.allowlist import opaque_call
 
     return opaque_call(name, args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...dtypes import DTYPES, UINT8, DType
 from ...pickle.allowlist import LEGACY_TENSOR_DTYPES
 from ...pickle.nodes import (
@@ -11,6 +13,7 @@ from ...pickle.nodes import (
     StorageRef,
     TensorNode,
     TorchDType,
+    metadata_extra,
 )
 from .common import MAX_DIMS, int_tuple, show
 from .storages import StorageConverter
@@ -50,7 +53,7 @@ class DenseConverter(StorageConverter):
         t = TensorNode(kind, ref, dtype or UINT8, shape, strides, offset, requires_grad is True,
                        metadata if type(metadata) is dict and metadata else None)
         if t.metadata:
-            t.extra = {k: v for k, v in t.metadata.items() if isinstance(k, str)}
+            t.extra = metadata_extra(t.metadata)
         t.error = error
         return t
 
@@ -83,20 +86,20 @@ class DenseConverter(StorageConverter):
                         t = TensorNode("dense", ref, ref.dtype or UINT8, size, stride, offset, requires_grad is True,
                                        metadata)
                         if metadata:
-                            t.extra = {k: v for k, v in metadata.items() if isinstance(k, str)}
+                            t.extra = metadata_extra(metadata)
                         if ref.error is not None:
                             t.error = ref.error
                         return t
         return self.convert(call)  # type: ignore[return-value]
 
-    def _v2(self, a: tuple, name: str) -> TensorNode:
+    def _v2(self, a: tuple[Any, ...], name: str) -> TensorNode:
         # (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
         if 4 <= len(a) <= 7:
             return self._tensor("dense", a[0], None, a[1], a[2], a[3], a[4] if len(a) > 4 else False,
                                 a[6] if len(a) > 6 else None)
         return self._bad_call(name, a)
 
-    def _v3(self, a: tuple, name: str) -> TensorNode:
+    def _v3(self, a: tuple[Any, ...], name: str) -> TensorNode:
         # (storage, storage_offset, size, stride, requires_grad, backward_hooks, dtype[, metadata])
         if len(a) in (7, 8):
             dt = a[6]
@@ -107,12 +110,12 @@ class DenseConverter(StorageConverter):
             return self._tensor("dense", a[0], dt.dtype, a[1], a[2], a[3], a[4], a[7] if len(a) > 7 else None)
         return self._bad_call(name, a)
 
-    def _v1(self, a: tuple, name: str) -> TensorNode:
+    def _v1(self, a: tuple[Any, ...], name: str) -> TensorNode:
         if len(a) == 4:
             return self._tensor("dense", a[0], None, a[1], a[2], a[3], False)
         return self._bad_call(name, a)
 
-    def _legacy_tensor(self, a: tuple, name: str) -> TensorNode:
+    def _legacy_tensor(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``torch.FloatTensor()`` + BUILD state, as torch < 0.4 pickled tensors (Tensor.__setstate__):
         4 items ``(storage, offset, size, stride)`` -> ``set_``; 5 items (a legacy Variable) -> its data
         ``state[0]`` with ``requires_grad = state[3]``."""
@@ -137,7 +140,7 @@ class DenseConverter(StorageConverter):
             return t
         return self._bad_call(name, a, f"{name} BUILT with {show(state)}: no storage to read")
 
-    def _parameter(self, a: tuple, name: str) -> object:
+    def _parameter(self, a: tuple[Any, ...], name: str) -> object:
         # (data, requires_grad, backward_hooks[, state])
         if len(a) < 2:
             return self._bad_call(name, a)
@@ -153,7 +156,7 @@ class DenseConverter(StorageConverter):
             t.extra["python_state"] = state  # kept as data; never set as attributes
         return t
 
-    def _from_type(self, a: tuple, name: str) -> object:
+    def _from_type(self, a: tuple[Any, ...], name: str) -> object:
         # (func, new_type, args, state): a tensor subclass; func is itself a recorded rebuild call class
         if len(a) != 4 or not isinstance(a[2], tuple):
             return self._bad_call(name, a)

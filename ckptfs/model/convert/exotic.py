@@ -3,6 +3,8 @@ tensors. Each becomes a node that says what it is; those made of other tensors a
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from ...dtypes import DTYPES, UINT8
 from ...pickle.nodes import (
     NumpyArray,
@@ -18,7 +20,7 @@ from .dense import DenseConverter
 class ExoticConverter(DenseConverter):
     """Quantized, sparse, nested, meta, wrapper-subclass and device (XLA / MTIA) tensors, and unknown calls."""
 
-    def _qtensor(self, a: tuple, name: str) -> TensorNode:
+    def _qtensor(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """(storage, storage_offset, size, stride, quantizer_params, requires_grad, backward_hooks).
 
         Per-tensor: a strided tensor of the raw integers (qint8/quint8/qint32 as stored) with qscheme,
@@ -34,7 +36,7 @@ class ExoticConverter(DenseConverter):
         scheme_name = scheme.qualname.removeprefix("torch.") if isinstance(scheme, TorchGlobal) else None
         extra["qscheme"] = scheme_name or show(scheme)
         if t.error is None and not (t.dtype.quantized or t.storage is None):
-            t.error = f"quantized tensor on a {t.storage.typename} (not a quantized storage)"  # type: ignore[union-attr]
+            t.error = f"quantized tensor on a {t.storage.typename} (not a quantized storage)"
         if scheme_name in ("per_tensor_affine", "per_tensor_symmetric") and len(q) == 3:
             scale, zero_point = q[1], q[2]
             if type(scale) in (float, int) and type(zero_point) is int:
@@ -71,7 +73,7 @@ class ExoticConverter(DenseConverter):
         comp.error = comp.error or t.error
         return comp
 
-    def _meta(self, a: tuple, name: str) -> TensorNode:
+    def _meta(self, a: tuple[Any, ...], name: str) -> TensorNode:
         # (dtype, size, stride, requires_grad)
         if len(a) != 4:
             return self._bad_call(name, a)
@@ -85,7 +87,7 @@ class ExoticConverter(DenseConverter):
         t.extra = {"device": "meta", "data": "none: a meta tensor has a shape and a dtype but no data"}
         return t
 
-    def _sparse(self, a: tuple, name: str) -> TensorNode:
+    def _sparse(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``_rebuild_sparse_tensor(layout, data)``: COO ``(indices, values, size[, is_coalesced])``,
         compressed (CSR/CSC/BSR/BSC) ``(compressed_indices, plain_indices, values, size)``. A composite
         whose parts are the component tensors, named as torch's accessors (indices(), crow_indices(), ...)."""
@@ -97,7 +99,7 @@ class ExoticConverter(DenseConverter):
         names = _SPARSE_PARTS.get(lname or "")
         t = TensorNode("sparse", None, UINT8, (), None, 0)
         t.extra = {"layout": lname or show(layout)}
-        if names is None:
+        if names is None or lname is None:  # (lname None: names None too)
             t.error = f"sparse layout {show(layout)} is not one torch writes"
             return t
         n = len(names)
@@ -108,15 +110,16 @@ class ExoticConverter(DenseConverter):
         if not all(isinstance(p, TensorNode) for p in parts):
             t.error = f"{lname} components are not all tensors: {show(parts)}"
             return t
+        parts = cast("tuple[TensorNode, ...]", parts)  # all tensors, checked just above
         shape = int_tuple(size)
-        values: TensorNode = parts[-1]  # type: ignore[assignment]
+        values = parts[-1]
         t.dtype, t.shape = values.dtype, shape or ()
         t.requires_grad = values.requires_grad
-        t.parts = tuple(zip(names, parts))
+        t.parts = tuple(zip(names, parts, strict=False))
         t.extra["nnz"] = values.shape[0] if values.shape else 0
         t.extra["device"] = values.storage.location if values.storage is not None else None
         if lname == "sparse_coo":
-            idx: TensorNode = parts[0]  # type: ignore[assignment]
+            idx = parts[0]
             t.extra["sparse_dim"] = idx.shape[0] if len(idx.shape) == 2 else None
             t.extra["dense_dim"] = len(values.shape) - 1
             t.extra["is_coalesced"] = data[3] if len(data) == 4 and type(data[3]) is bool else None
@@ -125,10 +128,10 @@ class ExoticConverter(DenseConverter):
         if shape is None:
             t.error = f"dense size {show(size)} is not a tuple of ints"
         else:
-            t.error = _sparse_problem(lname, parts, shape)  # type: ignore[arg-type]
+            t.error = _sparse_problem(lname, parts, shape)
         return t
 
-    def _nested(self, a: tuple, name: str) -> TensorNode:
+    def _nested(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``_rebuild_nested_tensor(buffer, sizes, strides, storage_offsets)``: a composite of the flat buffer
         and three int64 tensors (one row per constituent tensor)."""
         if len(a) != 4:
@@ -136,7 +139,8 @@ class ExoticConverter(DenseConverter):
         buffer, sizes, strides, offsets = (self.value(x) for x in a)
         t = TensorNode("nested", None, UINT8, (), None, 0)
         t.extra = {"layout": "strided"}
-        if not all(isinstance(p, TensorNode) for p in (buffer, sizes, strides, offsets)):
+        if not (isinstance(buffer, TensorNode) and isinstance(sizes, TensorNode) and isinstance(strides, TensorNode)
+                and isinstance(offsets, TensorNode)):
             t.error = f"nested tensor components are not all tensors: {show(a)}"
             return t
         t.dtype = buffer.dtype
@@ -152,7 +156,7 @@ class ExoticConverter(DenseConverter):
                        f"strides {strides.shape}, offsets {offsets.shape}")
         return t
 
-    def _wrapper(self, a: tuple, name: str) -> TensorNode:
+    def _wrapper(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``_rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device,
         requires_grad)``: a tensor subclass with no storage of its own: metadata only."""
         if len(a) != 8:
@@ -169,7 +173,7 @@ class ExoticConverter(DenseConverter):
             t.error = f"malformed wrapper subclass {show(a)}"
         return t
 
-    def _from_numpy(self, a: tuple, name: str) -> TensorNode:
+    def _from_numpy(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``_rebuild_device_tensor_from_numpy(data, dtype, device, requires_grad)`` (XLA / MTIA tensors of
         torch < 2.1, and ``_rebuild_xla_tensor``): the data is a numpy array inside the pickle."""
         if len(a) != 4:
@@ -188,7 +192,7 @@ class ExoticConverter(DenseConverter):
             t.unsupported = f"numpy data of dtype {t.dtype.name} that torch converts to {dt.dtype.name} when loading"
         return t
 
-    def _from_cpu(self, a: tuple, name: str) -> object:
+    def _from_cpu(self, a: tuple[Any, ...], name: str) -> object:
         """``_rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad)`` (XLA / MTIA /
         PrivateUse1 tensors): a CPU tensor moved to ``device`` when loading: served from the CPU tensor."""
         if len(a) != 4:
@@ -204,7 +208,7 @@ class ExoticConverter(DenseConverter):
             t.unsupported = f"data of dtype {t.dtype.name} that torch converts to {dt.dtype.name} when loading"
         return t
 
-    def _exotic(self, a: tuple, name: str) -> TensorNode:
+    def _exotic(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """Rebuild calls ckptfs does not interpret (mkldnn, unknown future ones): indexed, with why."""
         kind = "mkldnn" if name == U + "_rebuild_mkldnn_tensor" else "unknown"
         t = TensorNode(kind, None, UINT8, (), None, 0)
@@ -223,7 +227,7 @@ _SPARSE_PARTS = {
 }
 
 
-def _sparse_problem(layout: str, parts: tuple, shape: tuple) -> str | None:
+def _sparse_problem(layout: str, parts: tuple[TensorNode, ...], shape: tuple[int, ...]) -> str | None:
     """The shape invariants torch checks when it validates a loaded sparse tensor (the cheap ones: no
     index values are read at index time)."""
     values: TensorNode = parts[-1]

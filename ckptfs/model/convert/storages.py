@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from ...dtypes import DTYPES
 from ...pickle.nodes import (
     StorageRef,
@@ -17,7 +19,7 @@ class StorageConverter(ConverterBase):
     """Persistent ids: torch's storage references (zip and legacy forms, legacy storage views)."""
 
     # --- storages ------------------------------------------------------------------------------------
-    def _storage(self, args: tuple, _name: str = "") -> StorageRef:
+    def _storage(self, args: tuple[Any, ...], _name: str = "") -> StorageRef:
         """``('storage', StorageType, key, location, numel)`` (zip) or the legacy 6-tuple with a view slot."""
         pid = args[0] if len(args) == 1 else args
         if type(pid) is tuple and (len(pid) == 5 or len(pid) == 6 and pid[5] is None):  # the common case
@@ -33,24 +35,26 @@ class StorageConverter(ConverterBase):
         return self._storage_slow(pid)
 
     def _storage_slow(self, pid: object) -> StorageRef:
+        ref: StorageRef | None
         bad = _bad_pid(pid)
         if bad is not None:
             ref = StorageRef("?", None, 0, "?", "?")
             ref.error = bad
             return ref
-        stype, key, location, numel = pid[1:5]  # type: ignore[index]
+        pid = cast("tuple[Any, ...]", pid)  # _bad_pid: a 5- or 6-tuple
+        stype, key, location, numel = pid[1:5]
         key = ascii_text(key)
         if type(key) is int:
             key = str(key)
-        location = ascii_text(location)
+        location = cast(str, ascii_text(location))  # _bad_pid: text
         ref = self.refs.get(key)
         if ref is None:
             ref = self.refs[key] = StorageRef(key, stype.dtype, numel, location, stype.name, self.owner)
         elif not (ref.dtype is stype.dtype and ref.numel == numel):
             ref = None
         if ref is not None:
-            if len(pid) == 6 and pid[5] is not None:  # type: ignore[arg-type]
-                return self._storage_view(ref, pid[5], stype)  # type: ignore[index]
+            if len(pid) == 6 and pid[5] is not None:
+                return self._storage_view(ref, pid[5], stype)
             return ref
         ref = self.refs[key]
         # torch.save refuses to write two dtypes viewing one storage; torch.load silently reinterprets
@@ -63,7 +67,7 @@ class StorageConverter(ConverterBase):
     def _storage_view(self, root: StorageRef, view: object, stype: StorageType) -> StorageRef:
         """Legacy view metadata ``(view_key, offset, size)`` (elements of the root's dtype): a storage that
         is a slice of ``root`` (old torch's storage views). The container resolves its record."""
-        vkey = ascii_text(view[0]) if type(view) is tuple and len(view) == 3 else None  # type: ignore[index]
+        vkey = ascii_text(view[0]) if type(view) is tuple and len(view) == 3 else None
         if type(vkey) is int:
             vkey = str(vkey)
         offset, size = (view[1], view[2]) if vkey is not None else (None, None)  # type: ignore[index]
@@ -87,11 +91,11 @@ class StorageConverter(ConverterBase):
 
 
 def _bad_pid(pid: object) -> str | None:
-    if type(pid) is not tuple or len(pid) not in (5, 6):  # type: ignore[arg-type]
+    if type(pid) is not tuple or len(pid) not in (5, 6):
         return f"persistent id {show(pid)} is not a storage reference"
-    if ascii_text(pid[0]) != "storage":  # type: ignore[index]
-        return f"persistent id of type {show(pid[0])} is not a storage"  # type: ignore[index]
-    stype, key, location, numel = pid[1:5]  # type: ignore[index]
+    if ascii_text(pid[0]) != "storage":
+        return f"persistent id of type {show(pid[0])} is not a storage"
+    stype, key, location, numel = pid[1:5]
     if type(stype) is not StorageType:
         return f"persistent id names {show(stype)} as its storage type"
     key = ascii_text(key)

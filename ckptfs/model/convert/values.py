@@ -78,7 +78,7 @@ def numpy_array_node(arr: NumpyArray) -> TensorNode:
     return t
 
 
-def numpy_array_value(arr: NumpyArray) -> "TensorNode | OpaqueObject":
+def numpy_array_value(arr: NumpyArray) -> TensorNode | OpaqueObject:
     """A pickled numpy array: a tensor served from its inline bytes, or, for an object array (whose items
     are Python objects, perhaps tensors), an opaque ``numpy.ndarray`` whose children are its items."""
     st = getattr(arr, "state", None)
