@@ -297,19 +297,97 @@ def test_deflated_records_are_inflated(tmp_path):
     import zipfile
 
     p = tmp_path / "plain.pth"
-    big = torch.randn(300_000)
-    torch.save({"big": big, "t": torch.randn(50, 40).t()}, p)
+    small = torch.randn(300_000)
+    torch.save({"small": small, "t": torch.randn(50, 40).t()}, p)
     q = tmp_path / "rezipped.pth"
     with zipfile.ZipFile(p) as zin, zipfile.ZipFile(q, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
             zout.writestr(info.filename, zin.read(info.filename))
-    ref = torch.load(p, weights_only=True)
+    ref = torch.load(q, weights_only=True)  # torch inflates the records itself
+    assert torch.equal(ref["small"], small)
     with ckptfs.open(q) as ckpt:
         assert ckpt.info()["container"]["compressed_records"] > 0
         assert check_all(q, ref, ckpt) == 2
-        want = torch_bytes(big)
-        for off in (0, 5 << 20, len(want) - 10, 123457):  # random access across inflate blocks
-            assert ckpt.read("big", off, 4096) == want[off : off + 4096]
+
+
+#: ckptfs inflates deflated records in blocks of this many output bytes (ckptfs/container/zip.py
+#: ``_Inflater.BLOCK``), keeping a restart point at each block boundary; the reads below are laid out on it
+INFLATE_BLOCK = 4 << 20
+
+
+@pytest.fixture(scope="module")
+def deflated_big(tmp_path_factory):
+    """A checkpoint whose tensor record is deflated and inflates to ~4.5 inflate blocks (18.8 MB), with
+    torch's own bytes for it (torch.load of that same deflated file)."""
+    import zipfile
+
+    d = tmp_path_factory.mktemp("deflated")
+    g = torch.Generator().manual_seed(7)
+    big = torch.randn(4_700_000, generator=g)
+    plain = d / "plain.pth"
+    torch.save({"big": big}, plain)
+    q = d / "deflated.pth"
+    with zipfile.ZipFile(plain) as zin, zipfile.ZipFile(q, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    with zipfile.ZipFile(q) as z:
+        rec = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    assert rec.compress_type == zipfile.ZIP_DEFLATED and rec.file_size > 4 * INFLATE_BLOCK
+    ref = torch.load(q, weights_only=True)["big"]
+    want = torch_bytes(ref)
+    assert want == torch_bytes(big) and len(want) == rec.file_size
+    return q, want
+
+
+def _ranges(size: int) -> list[tuple[int, int]]:
+    """(offset, length) reads over a record of ``size`` bytes: within one block, across each boundary,
+    starting / ending exactly on boundaries, spanning three blocks, the last bytes, past the end."""
+    B = INFLATE_BLOCK
+    assert size > 4 * B + 1000
+    return [
+        (0, 4096),  # the first bytes
+        (B - 100, 200),  # block 0 -> 1
+        (B, 4096),  # starts exactly on a boundary
+        (2 * B - 4096, 4096),  # ends exactly on a boundary
+        (2 * B - 1, 2),  # one byte on each side
+        (3 * B - 12345, 54321),  # block 2 -> 3
+        (B - 10, B + 20),  # blocks 0, 1 and 2
+        (B + 123, 2 * B),  # blocks 1, 2 and 3
+        (2 * B, B),  # exactly block 2
+        (size - 10, 10),  # the last bytes
+        (size - (B + 1000), B + 1000),  # the last block and the end of the one before, to the end
+        (4 * B - 5, size - 4 * B + 5),  # from the last boundary to the end
+        (size - 7, 4096),  # past the end: only what exists
+    ]
+
+
+def test_deflated_record_random_access_across_inflate_blocks(deflated_big):
+    q, want = deflated_big
+    size = len(want)
+    B = INFLATE_BLOCK
+
+    def read(ckpt, off, n):
+        got = ckpt.read("big", off, n)
+        assert len(got) == min(n, size - off) > 0, (off, n, len(got))
+        assert got == want[off : off + n], (off, n)
+        return got
+
+    ranges = _ranges(size)
+    with ckptfs.open(q) as ckpt:
+        assert ckpt.meta("big").nbytes == size
+        for off, n in ranges:  # forward through the record
+            read(ckpt, off, n)
+        for off, n in reversed(ranges):  # backwards: restart points of blocks already passed
+            read(ckpt, off, n)
+        for off, n in ((3 * B + 1, 100), (17, 100), (2 * B + 3, B), (B - 1, 1), (4 * B + 9, 10), (0, 1)):
+            read(ckpt, off, n)  # jumping about
+    for off, n in ((size - 4096, 4096), (2 * B - 100, 200), (B - 3, 6), (5, 10)):
+        with ckptfs.open(q) as ckpt:  # a fresh checkpoint whose first read is far into the record
+            read(ckpt, off, n)
+            read(ckpt, 0, 64)
+    with ckptfs.open(q) as ckpt:  # and the whole record at once, then as a tensor
+        assert ckpt.read("big") == want
+        assert torch_bytes(ckpt.tensor("big")) == want
 
 
 def test_top_level_tensor_and_list(tmp_path):
