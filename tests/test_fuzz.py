@@ -35,7 +35,8 @@ from hostile.craft import P, Entry, legacy_stream, legacy_tensor, write_zip
 
 TOTAL = int(os.environ.get("CKPTFS_FUZZ_EXAMPLES", "3000"))
 PER = max(int(TOTAL / 6.25), 10)  # six mutation families get PER examples each, the CLI one PER / 4
-STATS = {"examples": 0, "indexed": 0, "refused": 0, "tensors_read": 0, "torch_loaded": 0, "torch_compared": 0}
+STATS = {"examples": 0, "mutated": 0, "indexed": 0, "refused": 0, "tensors_read": 0, "torch_loaded": 0,
+         "torch_compared": 0}
 FINDINGS: list[str] = []  # non-ckptfs exceptions would fail the test; this collects notable outcomes
 WORK = Path(tempfile.mkdtemp(prefix="ckptfs-fuzz-"))
 EXAMPLE = WORK / "example.pt"
@@ -86,6 +87,7 @@ def _seeds() -> dict[str, bytes]:
 
 
 SEEDS = _seeds()
+SEED_BYTES = set(SEEDS.values())
 ZIP_SEEDS = [k for k, v in SEEDS.items() if v[:4] == b"PK\x03\x04"]
 NAMES = sorted(SEEDS)
 
@@ -117,6 +119,7 @@ def time_limit():
 def check(data: bytes, compare_torch: bool = True, cli: bool = False) -> None:
     """The required outcome for one mutated file (any other exception fails the test)."""
     STATS["examples"] += 1
+    STATS["mutated"] += data not in SEED_BYTES
     EXAMPLE.write_bytes(data)
     with time_limit():
         try:
@@ -436,12 +439,39 @@ def test_fuzz_cli(seed_name: str, data: st.DataObject) -> None:
     check(blob, compare_torch=False, cli=True)
 
 
+#: the examples per mutation family of the summary's own campaign, when the campaign tests did not run
+#: (e.g. `pytest -m "not slow"`, or the summary selected alone)
+MINI = 25
+
+FAMILIES = [(pickle_edit, {}), (bit_flips, {}), (overwrites, {"cli": True}), (truncations, {"compare_torch": False}),
+            (splices, {}), (zip_field_edits, {"cli": True})]
+
+
+def _mini_campaign() -> None:
+    """A small, derandomized run of every mutation family through check()."""
+    for strategy, kwargs in FAMILIES:
+        @settings(**{**SETTINGS, "max_examples": MINI, "derandomize": True})
+        @given(strategy())
+        def run(data: bytes) -> None:
+            check(data, **kwargs)
+
+        run()
+
+
 def test_fuzz_summary() -> None:
-    """Runs last: the campaign did what it says (and prints its figures)."""
+    """Runs last: the campaign did what it says (and prints its figures). When the campaign tests did not
+    run (deselected), it runs a small campaign of its own first: these assertions always see real data."""
+    if STATS["examples"] < 6 * PER:
+        before = STATS["examples"]
+        _mini_campaign()
+        assert STATS["examples"] - before >= 6 * MINI, "the mini campaign ran fewer examples than asked"
     print("fuzz:", json.dumps(STATS))
     report = os.environ.get("CKPTFS_FUZZ_REPORT")
     if report:
         Path(report).write_text(json.dumps(STATS))
-    if STATS["examples"] >= 6 * PER:
-        assert STATS["indexed"] > 0 and STATS["refused"] > 0
-        assert STATS["torch_compared"] > 0
+    # the mutations changed the files, and the outcomes are varied: some files index and read, some are
+    # refused, and some torch also loads and was compared with, tensor by tensor
+    assert STATS["mutated"] >= STATS["examples"] // 2, STATS
+    assert STATS["indexed"] > 0 and STATS["refused"] > 0, STATS
+    assert STATS["indexed"] + STATS["refused"] == STATS["examples"], STATS  # every example reached an outcome
+    assert STATS["tensors_read"] > 0 and STATS["torch_loaded"] > 0 and STATS["torch_compared"] > 0, STATS
