@@ -1,4 +1,8 @@
-"""Shared test helpers: writing checkpoints with torch and reading torch's own bytes for comparison."""
+"""Shared test helpers: writing checkpoints with torch and reading torch's own bytes for comparison.
+
+Expected values come from torch (and numpy) alone: nothing here calls ckptfs to decide what a tensor's
+bytes, parts or location should be.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,22 @@ from typing import Any
 
 import torch
 
+# --- torch's side: bytes and paths ---------------------------------------------------------------------------
+
 
 def torch_bytes(t: torch.Tensor, byteorder: str = sys.byteorder) -> bytes:
-    """The tensor's C-contiguous content as bytes in ``byteorder`` (what ckptfs serves for a tensor)."""
+    """The tensor's C-contiguous content as torch.save stores it, in ``byteorder``: what ckptfs serves.
+
+    A conj / neg view is stored as its underlying data (the bit is metadata): that data is computed here
+    with torch's arithmetic (conj_physical / neg of the resolved values), not by reinterpreting the view.
+    A quantized tensor's bytes are its integer representation."""
     t = t.detach()
     if t.is_conj():
-        t = t.conj().resolve_conj().conj()
+        t = torch.conj_physical(t.resolve_conj())
     if t.is_neg():
-        t = t.neg().resolve_neg().neg()
+        t = torch.neg(t.resolve_neg())
+    if t.is_quantized:
+        t = t.int_repr()
     t = t.contiguous()
     if t.numel() == 0:
         return b""
@@ -31,8 +43,38 @@ def save(path: Path, obj: Any, **kwargs: Any) -> Path:
     return path
 
 
+def tensor_part(t: torch.Tensor, name: str) -> torch.Tensor:
+    """The component torch gives for the part ``name`` of a sparse / nested / per-channel quantized tensor
+    (the names docs/layout.md gives the parts of a composite)."""
+    if t.is_quantized:
+        parts = {"int_repr": t.int_repr, "scales": t.q_per_channel_scales, "zero_points": t.q_per_channel_zero_points}
+    elif t.is_nested:
+        parts = {"buffer": t.values, "sizes": t._nested_tensor_size, "strides": t._nested_tensor_strides,
+                 "offsets": t._nested_tensor_storage_offsets}
+    elif t.layout == torch.sparse_coo:
+        parts = {"indices": t._indices, "values": t._values}
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = {"crow_indices": t.crow_indices, "col_indices": t.col_indices, "values": t.values}
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = {"ccol_indices": t.ccol_indices, "row_indices": t.row_indices, "values": t.values}
+    else:
+        raise KeyError(f"a {t.layout} tensor has no part {name!r}")
+    return parts[name]()
+
+
 def lookup(obj: Any, path: tuple) -> Any:
-    """Follow a ckptfs path (tuple of original keys) through a torch.load result."""
+    """Follow a ckptfs path (tuple of original keys) through a torch.load / torch.jit.load result: into
+    containers, the parts of composite tensors, the state of (opaque) objects and TorchScript attributes."""
     for part in path:
-        obj = obj[part]
+        if isinstance(obj, torch.Tensor) and isinstance(part, str):
+            obj = tensor_part(obj, part)
+        elif isinstance(obj, (dict, list, tuple)):
+            obj = obj[part]
+        elif isinstance(obj, torch.jit.ScriptModule):
+            obj = getattr(obj, part)
+        elif hasattr(obj, "__dict__") and part in vars(obj):
+            obj = vars(obj)[part]
+        else:
+            obj = obj[part]
     return obj
+

@@ -16,9 +16,9 @@ import ckptfs
 import ckptfs.container.legacy  # noqa: F401 - imported before the audit window
 import ckptfs.container.torchzip  # noqa: F401
 import ckptfs.torchio.tensors  # noqa: F401
-from ckptfs.torchio.check import _lookup
 from ckptfs.torchio.tensors import OpaqueValue
-from craft import stored_bytes, throwaway_module
+from craft import throwaway_module
+from helpers import lookup, torch_bytes
 
 # --- an audit hook: nothing a pickle names may be imported, compiled, executed or spawned ----------------
 # (os.fork is allowed: ckptfs unpickles each pickle first in a forked child of its own, the unpickling probe;
@@ -171,11 +171,11 @@ def test_lightning_style_checkpoint_without_importing_anything(tmp_path):
         n = 0
         for i in ckpt.index.tensors():
             key = ckpt.index.keys[i]
-            want = _lookup(ref, ckpt.index.path(i))
-            if isinstance(want, np.ndarray):  # numpy's RNG state
-                assert ckpt.read(key) == np.ascontiguousarray(want, dtype=ckpt.meta(key).numpy_dtype).tobytes()
+            want = lookup(ref, ckpt.index.path(i))
+            if isinstance(want, np.ndarray):  # numpy's RNG state (a native-order uint32 array, saved as it is)
+                assert ckpt.read(key) == np.ascontiguousarray(want).tobytes()
             else:
-                assert ckpt.read(key) == stored_bytes(want), key
+                assert ckpt.read(key) == torch_bytes(want), key
             assert ckpt.meta(key).error is None
             n += 1
         values = {k: ckpt.value(k) for k in keys if ckpt.meta(k).kind == "leaf"}
@@ -249,7 +249,7 @@ def test_optimizer_state_dicts(tmp_path, legacy):
     with audited(), ckptfs.open(p) as ckpt:
         assert ckpt.format == ("legacy" if legacy else "zip")
         for i in ckpt.index.tensors():
-            assert ckpt.read(ckpt.index.keys[i]) == stored_bytes(_lookup(ref, ckpt.index.path(i)))
+            assert ckpt.read(ckpt.index.keys[i]) == torch_bytes(lookup(ref, ckpt.index.path(i)))
         assert ckpt.value("epoch") == 7 and ckpt.value("best") == float("inf")
         assert ckpt.meta("adam.state.0.step").shape == ()
         assert ckpt.value("sched.step_size") == 2
