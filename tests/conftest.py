@@ -46,10 +46,7 @@ def require_fuse() -> None:
     pytest.skip(f"FUSE unavailable: {reason}")
 
 
-def is_mounted(path: Path | str) -> bool:
-    from ckptfs.mount.daemon import mount_entry
-
-    return mount_entry(str(path)) is not None
+from helpers import is_mounted  # noqa: E402 - /proc/self/mountinfo read by the tests themselves
 
 
 def pid_alive(pid: int) -> bool:

@@ -78,3 +78,39 @@ def lookup(obj: Any, path: tuple) -> Any:
             obj = obj[part]
     return obj
 
+
+# --- the kernel's mount table -----------------------------------------------------------------------------------
+
+
+def _unoctal(field: str) -> str:
+    """A mountinfo field with the kernel's octal escapes (\\040 for a space ...) undone."""
+    out, i = bytearray(), 0
+    raw = field.encode("utf-8", "surrogateescape")
+    while i < len(raw):
+        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit() and len(raw[i + 1 : i + 4]) == 3:
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def mount_entry(path: Path | str) -> dict | None:
+    """The topmost mount at ``path`` in /proc/self/mountinfo (read here, not through ckptfs):
+    ``{"fstype", "source", "options"}``, or None when nothing is mounted there."""
+    import os
+
+    target = os.path.realpath(path)
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            left, _, right = line.rstrip("\n").partition(" - ")
+            fields, rest = left.split(" "), right.split(" ")
+            if _unoctal(fields[4]) == target:
+                found = {"fstype": rest[0], "source": _unoctal(rest[1]), "options": fields[5]}
+    return found
+
+
+def is_mounted(path: Path | str) -> bool:
+    return mount_entry(path) is not None
