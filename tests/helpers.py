@@ -6,7 +6,15 @@ bytes, parts or location should be.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
+from ctypes.util import find_library
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +107,6 @@ def _unoctal(field: str) -> str:
 def mount_entry(path: Path | str) -> dict | None:
     """The topmost mount at ``path`` in /proc/self/mountinfo (read here, not through ckptfs):
     ``{"fstype", "source", "options"}``, or None when nothing is mounted there."""
-    import os
-
     target = os.path.realpath(path)
     found = None
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
@@ -114,3 +120,277 @@ def mount_entry(path: Path | str) -> dict | None:
 
 def is_mounted(path: Path | str) -> bool:
     return mount_entry(path) is not None
+# --- generated tensors of every dtype and view kind (test_api, test_mount) ------------------------------------
+
+FLOAT8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
+ALL_DTYPES = ["float64", "float32", "float16", "bfloat16", *FLOAT8, "complex64", "complex128", "complex32",
+              "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"]
+
+
+def make(dtype_name: str, shape=(3, 5)) -> torch.Tensor:
+    """A tensor of the dtype with non-trivial content (generated in float, cast)."""
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(hash(dtype_name) % 1000)
+    base = torch.randn(shape, generator=g) * 10
+    if dt.is_complex:
+        return torch.complex(base, base.flip(-1)).to(dt)
+    if dt == torch.bool:
+        return base > 0
+    if not dt.is_floating_point:
+        return base.abs().to(torch.int64).to(dt) if dtype_name.startswith("uint") else base.to(torch.int64).to(dt)
+    if dtype_name == "float8_e8m0fnu":
+        return base.abs().clamp(min=0.01).to(dt)
+    return base.to(dt)
+
+
+def views() -> dict[str, torch.Tensor]:
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
+    return {
+        "contig": base,
+        "transposed": base.transpose(0, 2),
+        "sliced": base[1:3, 2:, 1:4],
+        "offset_row": base[2],
+        "stepped": base[::2, ::3, 1::2],
+        "expanded": torch.arange(5.0).reshape(5, 1).expand(5, 7),
+        "broadcast0": torch.tensor(3.0).expand(4, 4),
+        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "channels_last_3d": torch.randn(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 7),
+        "empty_view": base[:, 6:, :],
+        "size1_dims": torch.randn(1, 5, 1).transpose(0, 2),
+        "narrow_col": base[:, :, 3],
+        "diag_like": torch.randn(6, 6).as_strided((6,), (7,)),
+        "unsqueeze_t": torch.randn(3, 4).t().unsqueeze(1),
+    }
+
+
+# --- an audit hook: nothing a pickle names may be imported, compiled, executed or spawned ----------------------
+# (os.fork is allowed: ckptfs unpickles each pickle first in a forked child of its own, the unpickling probe;
+# the child inherits this hook, and tests/test_hostile.py checks what such children do.)
+FORBIDDEN = ("import", "exec", "compile", "pickle.find_class", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+             "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "builtins.input", "socket.")
+_events: list = []
+_recording = [False]
+_hooked = [False]
+
+
+def _hook(event: str, args: tuple) -> None:
+    if _recording[0] and event.startswith(FORBIDDEN):
+        _events.append((event, repr(args)[:200]))
+
+
+class audited:
+    """``with audited():`` fails if a forbidden audit event fires inside. (The hook is installed once per
+    process, the first time it is used; audit hooks cannot be removed, it records only inside the block.)"""
+
+    def __enter__(self) -> None:
+        if not _hooked[0]:
+            sys.addaudithook(_hook)
+            _hooked[0] = True
+        _events.clear()
+        _recording[0] = True
+
+    def __exit__(self, *exc: object) -> None:
+        _recording[0] = False
+        assert not _events, _events
+
+
+# --- user classes of a Lightning-style checkpoint (written through craft.throwaway_module: gone when reading) --
+USER_CLASSES = '''
+import dataclasses
+import enum
+
+
+class DictConfig:
+    """Like omegaconf.DictConfig: content and metadata in __dict__ (pickled via __getstate__)."""
+
+    def __init__(self, content):
+        self.__dict__["_content"] = dict(content)
+        self.__dict__["_metadata"] = {"object_type": dict, "flags": {"readonly": False}}
+        self.__dict__["_parent"] = None
+
+    def __getstate__(self):
+        return dict(self.__dict__)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __getattr__(self, name):
+        content = self.__dict__.get("_content", {})
+        if name in content:
+            return content[name]
+        raise AttributeError(name)
+
+
+class ListConfig(DictConfig):
+    def __init__(self, items):
+        self.__dict__["_content"] = list(items)
+        self.__dict__["_metadata"] = {"object_type": list}
+        self.__dict__["_parent"] = None
+
+
+class AttributeDict(dict):
+    """Like lightning's AttributeDict: a dict subclass with attribute access."""
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError as e:
+            raise AttributeError(key) from e
+
+
+class Mode(enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    lr: float
+    betas: tuple
+    schedule: list
+    init: object = None
+
+
+class Exploit:
+    """A class whose unpickling would run code: ckptfs must never call it."""
+
+    def __reduce__(self):
+        import os
+        return (os.system, ("echo pwned > /tmp/ckptfs-pwned",))
+'''
+
+
+# --- the hostile corpus (test_hostile, test_hostile_mount, test_hostile_torch) ---------------------------------
+
+_HOSTILE: list = []
+
+
+def hostile_corpus() -> tuple[list, Path]:
+    """``(cases, markers)``: every case of tests/hostile/make_corpus.py, and the directory their gadgets'
+    marker files would appear in. Made once per test process and shared by the three hostile modules."""
+    if not _HOSTILE:
+        import atexit
+        import tempfile
+
+        from hostile.make_corpus import all_cases
+
+        markers = Path(tempfile.mkdtemp(prefix="ckptfs-markers-"))
+        atexit.register(shutil.rmtree, markers, True)
+        _HOSTILE.append((all_cases(markers), markers))
+    return _HOSTILE[0]
+
+
+# --- FUSE, and mounts made by the ckptfs command --------------------------------------------------------------
+# Mount tests skip only when FUSE is genuinely unavailable here (no /dev/fuse, no libfuse, no fusermount for a
+# non-root user) AND CKPTFS_REQUIRE_FUSE is not set; CI sets it, and then they fail instead.
+
+CKPTFS = [sys.executable, "-m", "ckptfs.cli"]
+
+
+def fuse_unavailable() -> str | None:
+    """Why real mounts cannot work on this machine, or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if not (find_library("fuse3") or find_library("fuse")):
+        return "no libfuse (install fuse3)"
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "no fusermount (install fuse3)"
+    # (never import the binding here: it would pin one libfuse for the whole test process)
+    if importlib.util.find_spec("mfusepy") is None and importlib.util.find_spec("fuse") is None:
+        return "neither mfusepy nor fusepy is installed"
+    return None
+
+
+def require_fuse() -> None:
+    import pytest
+
+    reason = fuse_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CKPTFS_REQUIRE_FUSE"):
+        pytest.fail(f"CKPTFS_REQUIRE_FUSE is set but FUSE is unavailable: {reason}")
+    pytest.skip(f"FUSE unavailable: {reason}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def run_ckptfs(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CKPTFS, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+class Mounted:
+    """One mount made by ``ckptfs mount`` (daemon mode)."""
+
+    def __init__(self, path: Path, checkpoint: Path, log: Path, pid: int) -> None:
+        self.path, self.checkpoint, self.log, self.pid = path, checkpoint, log, pid
+
+    def __truediv__(self, other: str) -> Path:
+        return self.path / other
+
+    def index(self) -> dict:
+        return json.loads((self.path / ".ckptfs" / "index.json").read_bytes())
+
+    def cleanup(self) -> None:
+        """Unmount whatever state it is in, and make sure the daemon is gone."""
+        for args in (["-u"], ["-uz"]):
+            if not is_mounted(self.path):
+                break
+            for tool in ("fusermount3", "fusermount"):
+                if shutil.which(tool):
+                    subprocess.run([tool, *args, str(self.path)], capture_output=True, timeout=30)
+                    break
+        if pid_alive(self.pid) and not wait_gone(self.pid, 10):
+            os.kill(self.pid, signal.SIGKILL)  # our own daemon, by pid
+            wait_gone(self.pid, 5)
+        assert not is_mounted(self.path), f"{self.path} is still mounted"
+
+
+class Mounter:
+    """Makes mounts under ``base``; ``cleanup()`` unmounts every one of them."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.made: list[Mounted] = []
+
+    def __call__(self, checkpoint: Path | str, *args: str, env: dict | None = None) -> Mounted:
+        n = len(self.made)
+        mnt = self.base / f"mnt{n}"
+        mnt.mkdir(parents=True)
+        log = self.base / f"mount{n}.log"
+        r = run_ckptfs("mount", str(checkpoint), str(mnt), "--log", str(log), *args, env=env)
+        if r.returncode != 0:
+            raise AssertionError(f"ckptfs mount failed ({r.returncode}): {r.stderr.strip()}")
+        pid = json.loads((mnt / ".ckptfs" / "mount.json").read_bytes())["pid"]
+        m = Mounted(mnt, Path(checkpoint), log, pid)
+        self.made.append(m)
+        return m
+
+    def cleanup(self) -> None:
+        errors = []
+        for m in self.made:
+            try:
+                m.cleanup()
+            except AssertionError as e:
+                errors.append(str(e))
+        assert not errors, errors

@@ -10,50 +10,7 @@ import pytest
 import torch
 
 import ckptfs
-from helpers import lookup, torch_bytes
-
-FLOAT8 = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
-ALL_DTYPES = ["float64", "float32", "float16", "bfloat16", *FLOAT8, "complex64", "complex128", "complex32",
-              "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool"]
-
-
-def make(dtype_name: str, shape=(3, 5)) -> torch.Tensor:
-    """A tensor of the dtype with non-trivial content (generated in float, cast)."""
-    dt = getattr(torch, dtype_name)
-    g = torch.Generator().manual_seed(hash(dtype_name) % 1000)
-    base = torch.randn(shape, generator=g) * 10
-    if dt.is_complex:
-        return torch.complex(base, base.flip(-1)).to(dt)
-    if dt == torch.bool:
-        return base > 0
-    if not dt.is_floating_point:
-        return base.abs().to(torch.int64).to(dt) if dtype_name.startswith("uint") else base.to(torch.int64).to(dt)
-    if dtype_name == "float8_e8m0fnu":
-        return base.abs().clamp(min=0.01).to(dt)
-    return base.to(dt)
-
-
-def views() -> dict[str, torch.Tensor]:
-    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
-    return {
-        "contig": base,
-        "transposed": base.transpose(0, 2),
-        "sliced": base[1:3, 2:, 1:4],
-        "offset_row": base[2],
-        "stepped": base[::2, ::3, 1::2],
-        "expanded": torch.arange(5.0).reshape(5, 1).expand(5, 7),
-        "broadcast0": torch.tensor(3.0).expand(4, 4),
-        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
-        "channels_last_3d": torch.randn(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d),
-        "scalar": torch.tensor(2.5),
-        "empty": torch.zeros(0, 7),
-        "empty_view": base[:, 6:, :],
-        "size1_dims": torch.randn(1, 5, 1).transpose(0, 2),
-        "narrow_col": base[:, :, 3],
-        "diag_like": torch.randn(6, 6).as_strided((6,), (7,)),
-        "unsqueeze_t": torch.randn(3, 4).t().unsqueeze(1),
-    }
-
+from helpers import ALL_DTYPES, lookup, make, torch_bytes, views
 
 def check_all(path, ref, ckpt: ckptfs.Checkpoint) -> int:
     """Every tensor of the checkpoint equals torch's, through read, numpy, tensor and slice."""

@@ -14,8 +14,7 @@ import torch
 
 import ckptfs
 from craft import LegacyTensor, RebuildV1, throwaway_module, to_big_endian
-from helpers import lookup, torch_bytes
-from test_formats_training import USER_CLASSES
+from helpers import USER_CLASSES, lookup, torch_bytes
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

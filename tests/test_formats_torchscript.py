@@ -11,8 +11,7 @@ import torch
 import ckptfs
 import ckptfs.container.torchscript  # noqa: F401 - imported before the audit window
 from ckptfs.cli import EXIT_ERROR, EXIT_OK, main
-from helpers import lookup, torch_bytes
-from test_formats_training import audited
+from helpers import audited, lookup, torch_bytes
 
 
 class Block(torch.nn.Module):

@@ -9,22 +9,18 @@ violation (import, exec, process, write...) or a marker file.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from hostile.make_corpus import Case, all_cases
+from helpers import hostile_corpus
+from hostile.make_corpus import Case
 from hostile.sandbox import Run, Sandbox
 
-MARKERS = Path(tempfile.mkdtemp(prefix="ckptfs-markers-"))  # shared with test_hostile_mount/_torch
-atexit.register(shutil.rmtree, MARKERS, True)
-CASES = all_cases(MARKERS)
+CASES, MARKERS = hostile_corpus()  # made once per session, shared with test_hostile_mount/_torch
 MEM_CAP = 1 << 30  # RLIMIT_AS of the child
 RSS_CAP_KB = 1 << 20  # peak RSS must stay under 1 GiB
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import hostile_corpus
 from hostile.make_corpus import Case
-from test_hostile import CASES, MARKERS
+
+CASES, MARKERS = hostile_corpus()
 
 # every indexing case except the slow 200k-tensor one and the ones with custom limits (the mount uses
 # the defaults): ~125 mounts

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers import hostile_corpus
 from hostile.make_corpus import Case
 from hostile.sandbox import Sandbox
-from test_hostile import CASES, MARKERS
+
+CASES, MARKERS = hostile_corpus()
 
 TORCH_CASES = [c for c in CASES if c.torch_ok and c.expect in ("index", "any") and c.limits is None]
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import lookup, torch_bytes
-from test_api import ALL_DTYPES, make, views
+from helpers import ALL_DTYPES, lookup, make, torch_bytes, views
 
 import ckptfs
 

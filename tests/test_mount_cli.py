@@ -16,8 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CKPTFS, Mounted, is_mounted, pid_alive, require_fuse, run_ckptfs, wait_gone
-from helpers import mount_entry, torch_bytes
+from helpers import (
+    CKPTFS,
+    Mounted,
+    is_mounted,
+    mount_entry,
+    pid_alive,
+    require_fuse,
+    run_ckptfs,
+    torch_bytes,
+    wait_gone,
+)
 
 from ckptfs.mount import daemon as mountmod
 
