@@ -6,6 +6,9 @@ file, every tensor both return (matched by exact key path) must have the same by
 
     CKPTFS_FUZZ_EXAMPLES=N pytest tests/test_fuzz.py      # N examples in all (default: a CI-sized run)
     make fuzz                                            # 20,000
+
+The campaign tests are ``slow``; ``pytest -m "not slow"`` keeps the seeds and the summary, which then runs
+a small campaign of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -395,42 +399,49 @@ def test_seeds_are_valid() -> None:
             assert STATS["torch_compared"] > before, f"seed {name}: nothing compared with torch"
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(pickle_edit())
 def test_fuzz_pickle_opcodes(data: bytes) -> None:
     check(data)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(bit_flips())
 def test_fuzz_bit_flips(data: bytes) -> None:
     check(data)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(overwrites())
 def test_fuzz_overwrites(data: bytes) -> None:
     check(data, cli=True)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(truncations())
 def test_fuzz_truncation(data: bytes) -> None:
     check(data, compare_torch=False)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(splices())
 def test_fuzz_splices(data: bytes) -> None:
     check(data)
 
 
+@pytest.mark.slow
 @settings(**SETTINGS)
 @given(zip_field_edits())
 def test_fuzz_zip_fields(data: bytes) -> None:
     check(data, cli=True)
 
 
+@pytest.mark.slow
 @settings(**{**SETTINGS, "max_examples": max(PER // 4, 10)})
 @given(st.sampled_from(NAMES), st.data())
 def test_fuzz_cli(seed_name: str, data: st.DataObject) -> None:
@@ -447,15 +458,19 @@ FAMILIES = [(pickle_edit, {}), (bit_flips, {}), (overwrites, {"cli": True}), (tr
             (splices, {}), (zip_field_edits, {"cli": True})]
 
 
+def _mini_run(strategy: object, kwargs: dict) -> None:
+    @settings(**{**SETTINGS, "max_examples": MINI, "derandomize": True})
+    @given(strategy())
+    def run(data: bytes) -> None:
+        check(data, **kwargs)
+
+    run()
+
+
 def _mini_campaign() -> None:
     """A small, derandomized run of every mutation family through check()."""
     for strategy, kwargs in FAMILIES:
-        @settings(**{**SETTINGS, "max_examples": MINI, "derandomize": True})
-        @given(strategy())
-        def run(data: bytes) -> None:
-            check(data, **kwargs)
-
-        run()
+        _mini_run(strategy, kwargs)
 
 
 def test_fuzz_summary() -> None:

@@ -22,6 +22,19 @@ from hostile.sandbox import Run, Sandbox
 
 CASES, MARKERS = hostile_corpus()  # made once per session, shared with test_hostile_mount/_torch
 MEM_CAP = 1 << 30  # RLIMIT_AS of the child
+# Most cases take hundredths of a second; the resource-exhaustion cases run against the default limits and the
+# legacy DAGs take seconds each (up to a minute for 200k tensors): those are `slow`. The resource cases with
+# custom limits stay in the quick run, so every family is in it.
+SLOW_CASES = {"legacy_dag_key", "legacy_keys_dag", "legacy_deep_object"}
+
+
+def _slow(case: Case) -> bool:
+    return (case.family == "resource" and case.limits is None) or case.name in SLOW_CASES
+
+
+def _params(cases: list) -> list:
+    return [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if _slow(c) else []) for c in cases]
+
 RSS_CAP_KB = 1 << 20  # peak RSS must stay under 1 GiB
 
 
@@ -118,7 +131,7 @@ def check_cli(run: Run, case: Case, path: Path, expect_ok: bool) -> None:
         assert_one_line_error(err, path)
 
 
-@pytest.mark.parametrize("case_file", CASES, ids=[c.name for c in CASES], indirect=True)
+@pytest.mark.parametrize("case_file", _params(CASES), indirect=True)
 def test_hostile_case(case_file: tuple[Case, Path], sandbox: Sandbox) -> None:
     case, path = case_file
     run = sandbox.run("api", path, limits=case.limits, timeout=case.timeout, mem=MEM_CAP, max_read=case.max_read)
@@ -152,7 +165,8 @@ def test_hostile_keys_json(sandbox: Sandbox, tmp_path: Path) -> None:
                     json.loads(run.stdout)
 
 
-@pytest.mark.parametrize("name", ["exec_os_system", "res_dag_tuple_key", "zip_duplicate_storage", "lie_hostile_keys"])
+@pytest.mark.parametrize("name", ["exec_os_system", pytest.param("res_dag_tuple_key", marks=pytest.mark.slow),
+                                  "zip_duplicate_storage", "lie_hostile_keys"])
 def test_real_command(name: str, tmp_path: Path) -> None:
     """The installed entry point (python -m ckptfs.cli), not main() in a fork: same outcome, one line."""
     import subprocess
@@ -208,5 +222,6 @@ def test_cli_limit_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
 def test_corpus_covers_families() -> None:
     fams = {c.family for c in CASES}
     assert fams == {"exec", "resource", "lies", "zip", "legacy"}
+    assert {c.family for c in CASES if not _slow(c)} == fams  # the quick run has cases of every family
     assert len(CASES) >= 200
     assert os.access(MARKERS, os.W_OK)
