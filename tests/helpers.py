@@ -46,6 +46,17 @@ def torch_bytes(t: torch.Tensor, byteorder: str = sys.byteorder) -> bytes:
     return raw.tobytes()
 
 
+def torch_load_byteorder(path: Path | str) -> str:
+    """The byte order torch.load reads a file's storages in, found as torch finds it: a zip's ``byteorder``
+    record (torch refuses values other than little / big), little without one (torch's default load
+    endianness); a legacy stream's storages are read as native (torch ignores sys_info's little_endian)."""
+    try:
+        reader = torch._C.PyTorchFileReader(str(path))
+    except Exception:  # noqa: BLE001 - not a zip: the legacy loader
+        return sys.byteorder
+    return reader.get_record("byteorder").decode() if reader.has_record("byteorder") else "little"
+
+
 def save(path: Path, obj: Any, **kwargs: Any) -> Path:
     torch.save(obj, path, **kwargs)
     return path

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 import ckptfs
 from ckptfs.cli import main as cli_main
-from helpers import torch_bytes
+from helpers import torch_bytes, torch_load_byteorder
 from hostile.craft import P, Entry, legacy_stream, legacy_tensor, write_zip
 
 TOTAL = int(os.environ.get("CKPTFS_FUZZ_EXAMPLES", "3000"))
@@ -159,7 +159,7 @@ def check(data: bytes, compare_torch: bool = True, cli: bool = False) -> None:
                         pass
                     STATS["tensors_read"] += 1
                     m = ck.meta(key)
-                    mine[repr(index.path(i))] = (hashlib.sha256(raw).hexdigest(), m.byteorder or "little")
+                    mine[repr(index.path(i))] = (hashlib.sha256(raw).hexdigest(), m.byteorder)
                 except ckptfs.CkptfsError as e:
                     assert "\n" not in str(e)
         if cli:
@@ -172,12 +172,15 @@ def check(data: bytes, compare_torch: bool = True, cli: bool = False) -> None:
             _compare_with_torch(mine)
 
 
-def _compare_with_torch(mine: dict[str, tuple[str, str]]) -> None:
+def _compare_with_torch(mine: dict[str, tuple[str, str | None]]) -> None:
+    """Every tensor both return has the same bytes, as the file stores them: torch's in the byte order torch
+    read the file in (found by torch, not taken from ckptfs), which is the order ckptfs reports."""
     try:
         obj = torch.load(EXAMPLE, weights_only=True, map_location="cpu")
     except Exception:  # noqa: BLE001 - torch refusing a mutated file is fine
         return
     STATS["torch_loaded"] += 1
+    order = torch_load_byteorder(EXAMPLE)
     stack: list = [((), obj)]
     seen = 0
     while stack and seen < 2000:
@@ -188,11 +191,12 @@ def _compare_with_torch(mine: dict[str, tuple[str, str]]) -> None:
             if got is None or v.is_sparse or v.is_quantized or v.is_nested:
                 continue
             try:
-                theirs = hashlib.sha256(torch_bytes(v, got[1])).hexdigest()
+                theirs = hashlib.sha256(torch_bytes(v, order)).hexdigest()
             except Exception:  # noqa: BLE001 - e.g. a dtype numpy cannot view
                 continue
             STATS["torch_compared"] += 1
             assert theirs == got[0], f"{path}: bytes differ from torch's"
+            assert got[1] in (None, order), f"{path}: byteorder {got[1]}, torch read the file as {order}"
         elif isinstance(v, dict):
             stack.extend((path + (k,), x) for k, x in v.items())
         elif isinstance(v, (list, tuple)):

@@ -201,19 +201,6 @@ def _task_api(req: dict) -> dict:
     return out
 
 
-def _torch_byteorder(path: str) -> str:
-    """The byte order torch.load reads a file's storages in, found as torch finds it: a zip's ``byteorder``
-    record (torch refuses values other than little / big), little without one (torch's default load
-    endianness); a legacy stream's storages are read as native (torch ignores sys_info's little_endian)."""
-    import torch
-
-    try:
-        reader = torch._C.PyTorchFileReader(path)
-    except Exception:  # noqa: BLE001 - not a zip: the legacy loader
-        return sys.byteorder
-    return reader.get_record("byteorder").decode() if reader.has_record("byteorder") else "little"
-
-
 def _task_torch(req: dict) -> dict:
     """What torch.load(weights_only=True) does with the file: refuses (how), or the bytes of every tensor
     it returns, flattened to dotted keys like ckptfs's (sha256 of the C-contiguous bytes in both orders),
@@ -223,7 +210,7 @@ def _task_torch(req: dict) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO / "tests"))
-    from helpers import torch_bytes
+    from helpers import torch_bytes, torch_load_byteorder
 
     try:
         obj = torch.load(req["path"], weights_only=True, map_location="cpu", mmap=bool(req.get("mmap")))
@@ -248,7 +235,7 @@ def _task_torch(req: dict) -> dict:
             stack.extend((f"{key}.{k}" if key else str(k), x) for k, x in v.items() if type(k) in (str, int))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{key}.{i}" if key else str(i), x) for i, x in enumerate(v))
-    return {"status": "accepted", "tensors": tensors, "byteorder": _torch_byteorder(req["path"])}
+    return {"status": "accepted", "tensors": tensors, "byteorder": torch_load_byteorder(req["path"])}
 
 
 def _task_cli(req: dict) -> int:
