@@ -1,9 +1,9 @@
 """The hostile corpus (tests/hostile/make_corpus.py): every crafted file through the API and the CLI.
 
-Each case runs in a jailed child (tests/hostile/sandbox.py: audit hook, 1 GiB address-space cap,
-wall-clock timeout) and must end in exactly one of two ways: a correct index (the listed tensors read
-back byte for byte, the listed bad tensors fail alone with a one-line ckptfs error naming the file and
-the key) or one ckptfs error line naming the file. Never a traceback, a signal, a timeout, an audit
+Each case runs in a jailed child (tests/hostile/sandbox.py: audit hook, 1 GiB address-space cap, a budget
+of CPU seconds, a wall-clock limit for hangs) and must end in exactly one of two ways: a correct index (the
+listed tensors read back byte for byte, the listed bad tensors fail alone with a one-line ckptfs error
+naming the file and the key) or one ckptfs error line naming the file. Never a traceback, a signal, a timeout, an audit
 violation (import, exec, process, write...) or a marker file.
 """
 
@@ -63,7 +63,7 @@ def case_file(request: pytest.FixtureRequest, tmp_path: Path):
 def assert_clean(run: Run, case: Case) -> None:
     """The child ended by itself, in time, under the memory cap, with nothing forbidden done."""
     assert not run.violations, f"audit hook fired: {run.violations}\n{run.describe()}"
-    assert not run.timed_out, f"timed out after {case.timeout} s\n{run.describe()}"
+    assert not run.timed_out, f"over its {case.timeout} s of CPU time, or hung\n{run.describe()}"
     assert run.signal is None, f"killed by signal {run.signal}\n{run.describe()}"
     assert "Traceback" not in run.stderr and "Traceback" not in run.stdout, run.describe()
     assert "internal error" not in run.stderr, run.describe()
