@@ -346,6 +346,37 @@ def test_deflated_record_random_access_across_inflate_blocks(deflated_big):
         assert torch_bytes(ckpt.tensor("big")) == want
 
 
+def test_directory_attribute_on_a_storage_record(tmp_path):
+    """A storage record whose central-directory entry carries the MS-DOS directory attribute (0x10; found by
+    the fuzzer): its bytes are served as stored, as zipfile and torch.load(mmap=True) read them. (torch.load
+    without mmap returns uninitialised memory for it: its zip reader takes the entry for a directory.)"""
+    import struct
+    import zipfile
+
+    w, b = torch.randn(4, 6), torch.arange(3.0)
+    p = tmp_path / "attr.pth"
+    torch.save({"w": w, "b": b}, p)
+    data = bytearray(p.read_bytes())
+    with zipfile.ZipFile(p) as z:
+        infos = z.infolist()
+    pos = struct.unpack_from("<L", data, data.rfind(b"PK\x05\x06") + 16)[0]  # the central directory
+    for info in infos:
+        assert data[pos : pos + 4] == b"PK\x01\x02"
+        if info.filename.endswith("/data/0"):
+            struct.pack_into("<L", data, pos + 38, 0x10)  # external attributes: MS-DOS directory
+        nl, xl, cl = struct.unpack_from("<3H", data, pos + 28)
+        pos += 46 + nl + xl + cl
+    p.write_bytes(bytes(data))
+    with zipfile.ZipFile(p) as z:
+        name = next(n for n in z.namelist() if n.endswith("/data/0"))
+        assert z.getinfo(name).external_attr == 0x10 and z.read(name) == torch_bytes(w)
+    ref = torch.load(p, weights_only=True, mmap=True)
+    assert torch.equal(ref["w"], w) and torch.equal(ref["b"], b)
+    with ckptfs.open(p) as ckpt:
+        assert ckpt.read("w") == torch_bytes(ref["w"]) and ckpt.read("b") == torch_bytes(ref["b"])
+        assert torch.equal(ckpt.tensor("w"), w)
+
+
 def test_top_level_tensor_and_list(tmp_path):
     p = tmp_path / "t.pth"
     torch.save(torch.arange(6).reshape(2, 3), p)
