@@ -10,6 +10,7 @@ APT_PACKAGES := fuse3 libfuse2 libfuse3-3
 help:
 	@echo "make demo   - set up, make an example checkpoint, mount it, ls/du/memmap, unmount"
 	@echo "make test   - set up and run the test suite (real FUSE mounts included)"
+	@echo "make test-quick - the suite without tests marked slow (pytest -m 'not slow'): under 3 minutes"
 	@echo "make bench  - benchmarks against torch.load, zipslicer, safetensors, ratarmount -> docs/benchmarks.md"
 	@echo "make fuzz   - a long fuzzing run over mutated checkpoints"
 	@echo "make lint   - ruff, mypy and the import-linter layer contracts (docs/architecture.md)"

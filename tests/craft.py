@@ -131,18 +131,6 @@ def to_big_endian(src: Path, dst: Path, itemsizes: dict[str, int]) -> None:
     Path(dst).write_bytes(out.getvalue())
 
 
-def byteorder() -> str:
-    return sys.byteorder
-
-
-def stored_bytes(t: torch.Tensor, order: str = sys.byteorder) -> bytes:
-    """A tensor's C-contiguous content as torch.save stores it: conj / neg views as their underlying
-    data (the bits are metadata), in ``order`` (what `ckptfs check` compares with, too)."""
-    from ckptfs.torchio.check import _torch_bytes
-
-    return _torch_bytes(t, order)
-
-
 class Reduce:
     """Pickles as ``fn(*args)``: for rebuild calls torch only writes on other machines (XLA tensors)."""
 

@@ -7,19 +7,14 @@ needs FUSE; it takes a few minutes, hence `slow` (CI runs it with `make test`).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import require_fuse
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _fuse_available() -> bool:
-    return os.path.exists("/dev/fuse") and any(
-        os.path.exists(os.path.join(d, "fusermount3")) for d in os.environ.get("PATH", "").split(os.pathsep))
 
 
 def _fuse_mounts() -> set[str]:
@@ -30,8 +25,7 @@ def _fuse_mounts() -> set[str]:
 @pytest.mark.slow
 @pytest.mark.mount
 def test_bench_quick(tmp_path):
-    if not _fuse_available() and not os.environ.get("CKPTFS_REQUIRE_FUSE"):
-        pytest.skip("FUSE is not available here")
+    require_fuse()  # skips without FUSE, fails instead when CKPTFS_REQUIRE_FUSE is set (CI)
     sys.path.insert(0, str(ROOT))
     try:
         from benchmarks.cli import ORDER

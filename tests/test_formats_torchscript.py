@@ -10,10 +10,8 @@ import torch
 
 import ckptfs
 import ckptfs.container.torchscript  # noqa: F401 - imported before the audit window
-from ckptfs.torchio.check import _lookup
 from ckptfs.cli import EXIT_ERROR, EXIT_OK, main
-from craft import stored_bytes
-from test_formats_training import audited
+from helpers import audited, lookup, torch_bytes
 
 
 class Block(torch.nn.Module):
@@ -63,8 +61,8 @@ def test_parameters_and_buffers_as_a_tree(archives, name):
         keys = set(ckpt.tensor_keys())
         assert set(expected) <= keys  # every parameter and buffer, by its dotted name
         for key in keys:
-            want = _lookup(ref, ckpt.meta(key).path)
-            assert ckpt.read(key) == stored_bytes(want), key
+            want = lookup(ref, ckpt.meta(key).path)
+            assert ckpt.read(key) == torch_bytes(want), key
             assert torch.equal(ckpt.tensor(key), want.detach())
         info = ckpt.info()
         files = ckpt.code_files()

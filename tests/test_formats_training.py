@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from collections import OrderedDict
 
 import numpy as np
@@ -16,104 +15,9 @@ import ckptfs
 import ckptfs.container.legacy  # noqa: F401 - imported before the audit window
 import ckptfs.container.torchzip  # noqa: F401
 import ckptfs.torchio.tensors  # noqa: F401
-from ckptfs.torchio.check import _lookup
 from ckptfs.torchio.tensors import OpaqueValue
-from craft import stored_bytes, throwaway_module
-
-# --- an audit hook: nothing a pickle names may be imported, compiled, executed or spawned ----------------
-# (os.fork is allowed: ckptfs unpickles each pickle first in a forked child of its own, the unpickling probe;
-# the child inherits this hook, and tests/test_hostile.py checks what such children do.)
-FORBIDDEN = ("import", "exec", "compile", "pickle.find_class", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-             "subprocess.Popen", "ctypes.dlopen", "ctypes.dlsym", "builtins.input", "socket.")
-_events: list = []
-_recording = [False]
-
-
-def _hook(event: str, args: tuple) -> None:
-    if _recording[0] and event.startswith(FORBIDDEN):
-        _events.append((event, repr(args)[:200]))
-
-
-sys.addaudithook(_hook)
-
-
-class audited:
-    """``with audited():`` fails if a forbidden audit event fires inside."""
-
-    def __enter__(self) -> None:
-        _events.clear()
-        _recording[0] = True
-
-    def __exit__(self, *exc: object) -> None:
-        _recording[0] = False
-        assert not _events, _events
-
-
-# --- a Lightning-style checkpoint with classes from a module that is gone when reading -------------------------
-USER_CLASSES = '''
-import dataclasses
-import enum
-
-
-class DictConfig:
-    """Like omegaconf.DictConfig: content and metadata in __dict__ (pickled via __getstate__)."""
-
-    def __init__(self, content):
-        self.__dict__["_content"] = dict(content)
-        self.__dict__["_metadata"] = {"object_type": dict, "flags": {"readonly": False}}
-        self.__dict__["_parent"] = None
-
-    def __getstate__(self):
-        return dict(self.__dict__)
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
-    def __getattr__(self, name):
-        content = self.__dict__.get("_content", {})
-        if name in content:
-            return content[name]
-        raise AttributeError(name)
-
-
-class ListConfig(DictConfig):
-    def __init__(self, items):
-        self.__dict__["_content"] = list(items)
-        self.__dict__["_metadata"] = {"object_type": list}
-        self.__dict__["_parent"] = None
-
-
-class AttributeDict(dict):
-    """Like lightning's AttributeDict: a dict subclass with attribute access."""
-
-    def __getattr__(self, key):
-        try:
-            return self[key]
-        except KeyError as e:
-            raise AttributeError(key) from e
-
-
-class Mode(enum.Enum):
-    TRAIN = "train"
-    EVAL = "eval"
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    lr: float
-    betas: tuple
-    schedule: list
-    init: object = None
-
-
-class Exploit:
-    """A class whose unpickling would run code: ckptfs must never call it."""
-
-    def __reduce__(self):
-        import os
-        return (os.system, ("echo pwned > /tmp/ckptfs-pwned",))
-'''
-
+from craft import throwaway_module
+from helpers import USER_CLASSES, audited, lookup, torch_bytes
 
 def _training_state():
     torch.manual_seed(0)
@@ -171,11 +75,11 @@ def test_lightning_style_checkpoint_without_importing_anything(tmp_path):
         n = 0
         for i in ckpt.index.tensors():
             key = ckpt.index.keys[i]
-            want = _lookup(ref, ckpt.index.path(i))
-            if isinstance(want, np.ndarray):  # numpy's RNG state
-                assert ckpt.read(key) == np.ascontiguousarray(want, dtype=ckpt.meta(key).numpy_dtype).tobytes()
+            want = lookup(ref, ckpt.index.path(i))
+            if isinstance(want, np.ndarray):  # numpy's RNG state (a native-order uint32 array, saved as it is)
+                assert ckpt.read(key) == np.ascontiguousarray(want).tobytes()
             else:
-                assert ckpt.read(key) == stored_bytes(want), key
+                assert ckpt.read(key) == torch_bytes(want), key
             assert ckpt.meta(key).error is None
             n += 1
         values = {k: ckpt.value(k) for k in keys if ckpt.meta(k).kind == "leaf"}
@@ -249,7 +153,7 @@ def test_optimizer_state_dicts(tmp_path, legacy):
     with audited(), ckptfs.open(p) as ckpt:
         assert ckpt.format == ("legacy" if legacy else "zip")
         for i in ckpt.index.tensors():
-            assert ckpt.read(ckpt.index.keys[i]) == stored_bytes(_lookup(ref, ckpt.index.path(i)))
+            assert ckpt.read(ckpt.index.keys[i]) == torch_bytes(lookup(ref, ckpt.index.path(i)))
         assert ckpt.value("epoch") == 7 and ckpt.value("best") == float("inf")
         assert ckpt.meta("adam.state.0.step").shape == ()
         assert ckpt.value("sched.step_size") == 2

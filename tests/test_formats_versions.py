@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import ckptfs
-from ckptfs.torchio.check import _lookup
-from craft import stored_bytes
+from helpers import lookup, torch_bytes
 
 DATA = Path(__file__).parent / "data"
 SETS = sorted(p for p in DATA.glob("torch-*") if (p / "manifest.json").exists())
@@ -82,7 +81,7 @@ def test_against_this_torch(fixture, name):
             if ckpt.index.kinds[i] not in ("tensor", "composite"):
                 continue
             key = ckpt.index.keys[i]
-            want = _lookup(ref, ckpt.index.path(i))
+            want = lookup(ref, ckpt.index.path(i))
             got = ckpt.tensor(key)
             if want.is_quantized:
                 assert torch.equal(got.int_repr(), want.int_repr()) and got.qscheme() == want.qscheme(), key
@@ -94,7 +93,7 @@ def test_against_this_torch(fixture, name):
                 assert all(torch.equal(a, b) for a, b in zip(got.unbind(), want.unbind())), key
             else:
                 assert torch.equal(got, want.detach()), key
-                assert ckpt.read(key) == stored_bytes(want), key
+                assert ckpt.read(key) == torch_bytes(want), key
             n += 1
         assert n > 0
 

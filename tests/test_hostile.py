@@ -1,31 +1,40 @@
 """The hostile corpus (tests/hostile/make_corpus.py): every crafted file through the API and the CLI.
 
-Each case runs in a jailed child (tests/hostile/sandbox.py: audit hook, 1 GiB address-space cap,
-wall-clock timeout) and must end in exactly one of two ways: a correct index (the listed tensors read
-back byte for byte, the listed bad tensors fail alone with a one-line ckptfs error naming the file and
-the key) or one ckptfs error line naming the file. Never a traceback, a signal, a timeout, an audit
+Each case runs in a jailed child (tests/hostile/sandbox.py: audit hook, 1 GiB address-space cap, a budget
+of CPU seconds, a wall-clock limit for hangs) and must end in exactly one of two ways: a correct index (the
+listed tensors read back byte for byte, the listed bad tensors fail alone with a one-line ckptfs error
+naming the file and the key) or one ckptfs error line naming the file. Never a traceback, a signal, a timeout, an audit
 violation (import, exec, process, write...) or a marker file.
 """
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from hostile.make_corpus import Case, all_cases
+from helpers import hostile_corpus
+from hostile.make_corpus import Case
 from hostile.sandbox import Run, Sandbox
 
-MARKERS = Path(tempfile.mkdtemp(prefix="ckptfs-markers-"))  # shared with test_hostile_mount/_torch
-atexit.register(shutil.rmtree, MARKERS, True)
-CASES = all_cases(MARKERS)
+CASES, MARKERS = hostile_corpus()  # made once per session, shared with test_hostile_mount/_torch
 MEM_CAP = 1 << 30  # RLIMIT_AS of the child
+# Most cases take hundredths of a second; the resource-exhaustion cases run against the default limits and the
+# legacy DAGs take seconds each (up to a minute for 200k tensors): those are `slow`. The resource cases with
+# custom limits stay in the quick run, so every family is in it.
+SLOW_CASES = {"legacy_dag_key", "legacy_keys_dag", "legacy_deep_object"}
+
+
+def _slow(case: Case) -> bool:
+    return (case.family == "resource" and case.limits is None) or case.name in SLOW_CASES
+
+
+def _params(cases: list) -> list:
+    return [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if _slow(c) else []) for c in cases]
+
 RSS_CAP_KB = 1 << 20  # peak RSS must stay under 1 GiB
 
 
@@ -54,7 +63,7 @@ def case_file(request: pytest.FixtureRequest, tmp_path: Path):
 def assert_clean(run: Run, case: Case) -> None:
     """The child ended by itself, in time, under the memory cap, with nothing forbidden done."""
     assert not run.violations, f"audit hook fired: {run.violations}\n{run.describe()}"
-    assert not run.timed_out, f"timed out after {case.timeout} s\n{run.describe()}"
+    assert not run.timed_out, f"over its {case.timeout} s of CPU time, or hung\n{run.describe()}"
     assert run.signal is None, f"killed by signal {run.signal}\n{run.describe()}"
     assert "Traceback" not in run.stderr and "Traceback" not in run.stdout, run.describe()
     assert "internal error" not in run.stderr, run.describe()
@@ -122,7 +131,7 @@ def check_cli(run: Run, case: Case, path: Path, expect_ok: bool) -> None:
         assert_one_line_error(err, path)
 
 
-@pytest.mark.parametrize("case_file", CASES, ids=[c.name for c in CASES], indirect=True)
+@pytest.mark.parametrize("case_file", _params(CASES), indirect=True)
 def test_hostile_case(case_file: tuple[Case, Path], sandbox: Sandbox) -> None:
     case, path = case_file
     run = sandbox.run("api", path, limits=case.limits, timeout=case.timeout, mem=MEM_CAP, max_read=case.max_read)
@@ -156,7 +165,8 @@ def test_hostile_keys_json(sandbox: Sandbox, tmp_path: Path) -> None:
                     json.loads(run.stdout)
 
 
-@pytest.mark.parametrize("name", ["exec_os_system", "res_dag_tuple_key", "zip_duplicate_storage", "lie_hostile_keys"])
+@pytest.mark.parametrize("name", ["exec_os_system", pytest.param("res_dag_tuple_key", marks=pytest.mark.slow),
+                                  "zip_duplicate_storage", "lie_hostile_keys"])
 def test_real_command(name: str, tmp_path: Path) -> None:
     """The installed entry point (python -m ckptfs.cli), not main() in a fork: same outcome, one line."""
     import subprocess
@@ -212,5 +222,6 @@ def test_cli_limit_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
 def test_corpus_covers_families() -> None:
     fams = {c.family for c in CASES}
     assert fams == {"exec", "resource", "lies", "zip", "legacy"}
+    assert {c.family for c in CASES if not _slow(c)} == fams  # the quick run has cases of every family
     assert len(CASES) >= 200
     assert os.access(MARKERS, os.W_OK)

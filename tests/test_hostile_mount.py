@@ -11,12 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers import hostile_corpus
 from hostile.make_corpus import Case
-from test_hostile import CASES, MARKERS
+
+CASES, MARKERS = hostile_corpus()
 
 # every indexing case except the slow 200k-tensor one and the ones with custom limits (the mount uses
 # the defaults): ~125 mounts
 MOUNT_CASES = [c for c in CASES if c.expect == "index" and c.limits is None and c.name != "res_200k_tensors_one_storage"]
+# each mount costs ~1 s (an interpreter start): all of them are `slow` but a few of every family, the quick run's
+QUICK = {"exec_os_system", "exec_numpy_reconstruct", "lie_shape_beyond", "lie_hostile_keys", "lie_byteorder_big",
+         "zip_deflated_storage", "zip_local_crc", "legacy_ok", "legacy_truncated_storage", "res_deflate_bomb"}
+assert QUICK <= {c.name for c in MOUNT_CASES}, QUICK - {c.name for c in MOUNT_CASES}
 
 
 def _walk_and_read(root: Path, budget: float, max_reads: int = 3000) -> tuple[int, list[tuple[str, int]]]:
@@ -45,7 +51,8 @@ def _walk_and_read(root: Path, budget: float, max_reads: int = 3000) -> tuple[in
 
 
 @pytest.mark.mount
-@pytest.mark.parametrize("case", MOUNT_CASES, ids=[c.name for c in MOUNT_CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=[] if c.name in QUICK else [pytest.mark.slow])
+                                  for c in MOUNT_CASES])
 def test_hostile_mount(case: Case, module_mount, tmp_path: Path) -> None:
     path = case.materialise(tmp_path)
     m = module_mount(path)

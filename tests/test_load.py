@@ -5,7 +5,8 @@ torch's, through the Python API from threads and through one FUSE mount from 16 
     CKPTFS_LOAD_REPORT=load.json ...                     # write the figures
 
 Required: 0 mismatches, no exception, and the mount daemon's RSS flat (it serves from the page cache and
-keeps no per-read state).
+keeps no per-read state). The timed runs are `slow`; test_api_threads_fixed_reads (a fixed number of reads, no
+clock) is the quick run's.
 """
 
 from __future__ import annotations
@@ -67,6 +68,45 @@ def _percentile(xs: list[float], p: float) -> float:
     return float(np.percentile(np.asarray(xs), p)) if xs else 0.0
 
 
+def test_api_threads_fixed_reads(dataset: tuple) -> None:
+    """8 threads on one Checkpoint, 150 random reads each (byte ranges and slices of random tensors), every
+    result compared with torch's bytes."""
+    path, expected, loaded = dataset
+    keys = sorted(expected)
+    errors: list[str] = []
+    done = [0] * 8
+    with ckptfs.open(path) as ck:
+        def worker(w: int) -> None:
+            rnd = random.Random(100 + w)
+            try:
+                for _ in range(150):
+                    key = rnd.choice(keys)
+                    want = expected[key]
+                    if rnd.random() < 0.8:
+                        off = rnd.randrange(len(want)) if want else 0
+                        n = rnd.choice([1, 7, 64, 4096, 65536, 1 << 20])
+                        ok = ck.read(key, off, n) == want[off:off + n]
+                    else:
+                        t = loaded[key]
+                        a = rnd.randrange(t.shape[0])
+                        b = rnd.randrange(a, t.shape[0]) + 1
+                        ok = np.ascontiguousarray(ck.slice(key)[a:b]).tobytes() == torch_bytes(t[a:b])
+                    if not ok:
+                        errors.append(f"{key}: wrong bytes")
+                    done[w] += 1
+            except Exception as e:  # noqa: BLE001 - any exception is a failure
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:10]
+    assert done == [150] * 8
+
+
+@pytest.mark.slow
 def test_api_threads(dataset: tuple) -> None:
     """16 threads on one Checkpoint: byte ranges (read) and numpy slices (slice()[...]) of random tensors."""
     path, expected, loaded = dataset
@@ -154,6 +194,7 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+@pytest.mark.slow
 @pytest.mark.mount
 @pytest.mark.parametrize("cache", ["cold", "warm"])
 @pytest.mark.parametrize("threads", [False, True], ids=["single-threaded", "threads"])

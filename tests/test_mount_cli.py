@@ -16,8 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CKPTFS, Mounted, is_mounted, pid_alive, require_fuse, run_ckptfs, wait_gone
-from helpers import torch_bytes
+from helpers import (
+    CKPTFS,
+    Mounted,
+    is_mounted,
+    mount_entry,
+    pid_alive,
+    require_fuse,
+    run_ckptfs,
+    torch_bytes,
+    wait_gone,
+)
 
 from ckptfs.mount import daemon as mountmod
 
@@ -65,7 +74,7 @@ def test_daemon_returns_only_when_ready(ckpt, mount):
         assert is_mounted(m.path) and os.stat(m.path).st_dev != dev
         assert sorted(os.listdir(m.path)) == [".ckptfs", "epoch", "fc", "layer1"]
         assert (m / "fc/bias").stat().st_size == 4096 and pid_alive(m.pid)
-    assert mountmod.mount_entry(str(m.path)).source == str(ckpt)
+    assert mount_entry(m.path)["source"] == str(ckpt)
 
 
 def test_sigterm_unmounts_the_daemon(ckpt, mount):
@@ -225,8 +234,7 @@ def test_no_dev_fuse_in_a_namespace(ckpt, tmp_path):
 def test_options_pass_through(ckpt, mount):
     other = os.geteuid() == 0 or mountmod.user_allow_other()  # else ckptfs refuses it (tested below)
     m = mount(ckpt, "-o", ("allow_other," if other else "") + "attr_timeout=5", "-o", "max_read=131072")
-    entry = mountmod.mount_entry(str(m.path))
-    assert entry.fstype == "fuse.ckptfs"
+    assert mount_entry(m.path)["fstype"] == "fuse.ckptfs"
     if other:
         line = next(ln for ln in open("/proc/self/mountinfo") if f" {m.path} " in ln)
         assert "allow_other" in line

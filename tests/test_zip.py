@@ -104,9 +104,7 @@ def test_refuses_duplicate_names():
 
 
 def test_refuses_entries_outside_root():
-    data = build([("x", b"1", 0)], root="a")
-    data = data.replace(b"a/x", b"b/x")  # both headers renamed; first entry sets the root
-    buf = io.BytesIO()
+    buf = io.BytesIO()  # the first entry sets the root
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("a/x", b"1")
         z.writestr("b/y", b"2")

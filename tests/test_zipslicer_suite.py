@@ -28,6 +28,7 @@ def _sdist(tmp: Path) -> Path | None:
     return found[0] if r.returncode == 0 and found else None
 
 
+@pytest.mark.slow  # downloads the sdist and runs a pytest of its own (~15 s)
 def test_zipslicer_suite_passes_against_ckptfs(tmp_path):
     sdist = _sdist(tmp_path)
     if sdist is None:

@@ -12,8 +12,10 @@ the file:
   pickle's own ``find_class`` (``pickle.find_class``: a global resolved the real way), ctypes,
   sockets, file system writes, or an ``open`` of anything but the checkpoint and /proc/self.
 
-The server waits for the child with a wall-clock timeout (SIGKILL past it) and returns exit status,
-signal, elapsed time and peak RSS (``wait4``). The test process (which has torch loaded) never parses
+The server waits for the child and returns exit status, signal, elapsed time, CPU time and peak RSS
+(``wait4``). A request's ``timeout`` is a budget of CPU seconds (what the work costs, whatever else the
+machine runs: a run over it has timed out); a child still running after ``hang_after`` wall-clock seconds
+(default 4 x timeout) is a hang: SIGKILLed, timed out too. The test process (which has torch loaded) never parses
 a hostile file itself.
 """
 
@@ -203,13 +205,14 @@ def _task_api(req: dict) -> dict:
 
 def _task_torch(req: dict) -> dict:
     """What torch.load(weights_only=True) does with the file: refuses (how), or the bytes of every tensor
-    it returns, flattened to dotted keys like ckptfs's (sha256 of the C-contiguous bytes in both orders)."""
+    it returns, flattened to dotted keys like ckptfs's (sha256 of the C-contiguous bytes in both orders),
+    and the byte order torch read the file's storages in."""
     import hashlib
 
     import torch
 
     sys.path.insert(0, str(REPO / "tests"))
-    from helpers import torch_bytes
+    from helpers import torch_bytes, torch_load_byteorder
 
     try:
         obj = torch.load(req["path"], weights_only=True, map_location="cpu", mmap=bool(req.get("mmap")))
@@ -234,7 +237,7 @@ def _task_torch(req: dict) -> dict:
             stack.extend((f"{key}.{k}" if key else str(k), x) for k, x in v.items() if type(k) in (str, int))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{key}.{i}" if key else str(i), x) for i, x in enumerate(v))
-    return {"status": "accepted", "tensors": tensors}
+    return {"status": "accepted", "tensors": tensors, "byteorder": torch_load_byteorder(req["path"])}
 
 
 def _task_cli(req: dict) -> int:
@@ -309,6 +312,7 @@ def serve(with_torch: bool = False) -> None:
             _child(req, vw)
         os.close(vw)
         timeout = float(req.get("timeout", 5.0))
+        hang_after = float(req.get("hang_after") or 4 * timeout)
         timed_out = False
         status = rusage = None
         while True:
@@ -316,13 +320,15 @@ def serve(with_torch: bool = False) -> None:
             if wpid:
                 status, rusage = st, ru
                 break
-            if time.monotonic() - t0 > timeout:
+            if time.monotonic() - t0 > hang_after:
                 timed_out = True
                 os.kill(pid, signal.SIGKILL)
                 _, status, rusage = os.wait4(pid, 0)
                 break
             time.sleep(0.002)
         elapsed = time.monotonic() - t0
+        cpu = rusage.ru_utime + rusage.ru_stime if rusage else 0.0  # the child's and its reaped children's
+        timed_out = timed_out or cpu > timeout
         violations = b""
         while True:
             r, _, _ = select.select([vr], [], [], 0)
@@ -338,6 +344,7 @@ def serve(with_torch: bool = False) -> None:
             "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
             "timed_out": timed_out,
             "elapsed": elapsed,
+            "cpu": cpu,
             "maxrss_kb": rusage.ru_maxrss if rusage else None,
             "violations": violations.decode("utf-8", "backslashreplace"),
         }
@@ -354,6 +361,7 @@ class Run:
     signal: int | None
     timed_out: bool
     elapsed: float
+    cpu: float
     maxrss_kb: int | None
     violations: str
     stdout: str
@@ -362,6 +370,7 @@ class Run:
 
     def describe(self) -> str:
         return (f"exit={self.exit} signal={self.signal} timed_out={self.timed_out} elapsed={self.elapsed:.2f}s "
+                f"cpu={self.cpu:.2f}s "
                 f"maxrss={self.maxrss_kb} KiB violations={self.violations!r}\nstderr: {self.stderr[-2000:]}\n"
                 f"stdout: {self.stdout[-1000:]}")
 
@@ -384,12 +393,13 @@ class Sandbox:
 
     def run(self, task: str, path: Path | str, *, argv: list[str] | None = None, limits: dict | None = None,
             strict: bool = False, timeout: float = 5.0, mem: int = 1 << 30, max_read: int | None = None,
-            mmap: bool = False) -> Run:
+            mmap: bool = False, hang_after: float | None = None) -> Run:
         self.n += 1
         base = self.workdir / f"run{self.n}"
         req = {"task": task, "path": str(path), "argv": argv or [], "limits": limits, "strict": strict,
                "timeout": timeout, "mem": mem, "stdout": f"{base}.out", "stderr": f"{base}.err",
-               "result": f"{base}.json", "mmap": mmap}
+               "result": f"{base}.json", "mmap": mmap,
+               "hang_after": hang_after}
         if max_read is not None:
             req["max_read"] = max_read
         self.proc.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
@@ -403,7 +413,7 @@ class Sandbox:
             res = json.loads(rp.read_text())
         for suffix in (".out", ".err", ".json"):
             Path(f"{base}{suffix}").unlink(missing_ok=True)
-        return Run(rep["exit"], rep["signal"], rep["timed_out"], rep["elapsed"], rep["maxrss_kb"],
+        return Run(rep["exit"], rep["signal"], rep["timed_out"], rep["elapsed"], rep["cpu"], rep["maxrss_kb"],
                    rep["violations"], out, err, res)
 
     def close(self) -> None:

@@ -87,11 +87,11 @@ def main() -> int:
         for c in cases:
             path = c.materialise(work)
             r1 = ck.run("api", path, limits=c.limits, timeout=max(c.timeout, 5.0), max_read=c.max_read)
-            r2 = th.run("torch", path, timeout=20.0, mem=4 << 30)
+            r2 = th.run("torch", path, timeout=20.0, mem=4 << 30, hang_after=20.0)
             t_out = torch_outcome(r2, markers)
             for m in markers.iterdir():
                 m.unlink()
-            r3 = th.run("torch", path, timeout=20.0, mem=4 << 30, mmap=True) if c.family in ("zip", "lies") else None
+            r3 = th.run("torch", path, timeout=20.0, mem=4 << 30, mmap=True, hang_after=20.0) if c.family in ("zip", "lies") else None
             row = {"case": c.name, "family": c.family, "what": c.what, "ckptfs": ckptfs_outcome(r1),
                    "ckptfs_error": (r1.result or {}).get("error", "") if r1.result and not r1.result["ok"] else "",
                    "torch": t_out, "torch_error": (r2.result or {}).get("error", ""),
