@@ -13,6 +13,7 @@ Importing ckptfs never imports torch; only ``Checkpoint.tensor`` and ``ckptfs.lo
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__ as __version__
@@ -41,12 +42,12 @@ __all__ = [
 
 
 def open(path: str | os.PathLike[str] | ByteSource, *, strict: bool = False,  # noqa: A001
-         limits: Limits = DEFAULT_LIMITS) -> Checkpoint:
+         limits: Limits = DEFAULT_LIMITS, storage_options: Mapping[str, str] | None = None) -> Checkpoint:
     """Index a checkpoint (zip or legacy torch.save file) without running its pickle or importing torch.
 
     ``strict=True`` refuses any global outside ckptfs's allowlist instead of indexing it as opaque data.
     """
-    return Checkpoint(path, strict=strict, limits=limits)
+    return Checkpoint(path, strict=strict, limits=limits, storage_options=storage_options)
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,

@@ -4,8 +4,8 @@ a torch tensor is asked for."""
 from __future__ import annotations
 
 import mmap
-import os
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..container import Container
@@ -16,6 +16,7 @@ from ..model.catalog import Catalog
 from ..model.convert import Converter
 from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK
 from ..model.meta import Meta
+from ..model.opener import Target, open_catalog
 from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS, nbytes, numel, validate_all
 from ..pickle.nodes import TensorNode
@@ -34,9 +35,10 @@ class Checkpoint:
 
     A facade over a :class:`~ckptfs.model.catalog.Catalog` (one file is its one-member case)."""
 
-    def __init__(self, path: str | os.PathLike[str] | ByteSource | Catalog, *, strict: bool = False,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
-        self.catalog = path if isinstance(path, Catalog) else Catalog.open(path, strict=strict, limits=limits)
+    def __init__(self, path: Target | Catalog, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
+                 storage_options: Mapping[str, str] | None = None) -> None:
+        self.catalog = path if isinstance(path, Catalog) else open_catalog(
+            path, strict=strict, limits=limits, storage_options=storage_options)
         self.index = self.catalog.index
         self.name = self.catalog.name
         self.limits = self.catalog.limits

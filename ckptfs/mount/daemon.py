@@ -247,10 +247,10 @@ def mount(req: MountRequest) -> None:
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    from ..model.catalog import Catalog
+    from ..model.opener import open_catalog
     from ..views.tree import TreeView
 
-    catalog = Catalog.open(src, strict=req.strict)
+    catalog = open_catalog(src, strict=req.strict)
     view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
     threads = req.threads
     logfile = os.path.abspath(req.log) if req.log else None
