@@ -56,7 +56,9 @@ class Checkpoint:
 
     @property
     def format(self) -> str:
-        return self.container.kind
+        """"zip", "legacy", "torchscript", "safetensors" for a file; "hf-sharded", "dcp" or "directory" for a
+        directory (docs/formats.md)."""
+        return self.catalog.format
 
     @property
     def byteorder(self) -> str:
@@ -116,7 +118,7 @@ class Checkpoint:
             if a.group == "code":
                 if a.size > limit:
                     raise LimitError(f"code file of {a.size} bytes is over the limit of {limit}",
-                                     file=member.source.name, record=a.path)
+                                     file=member.source.name if member else self.name, record=a.path)
                 out[a.path] = a.open().pread(0, a.size)
         return out
 
@@ -150,9 +152,10 @@ class Checkpoint:
             per_dtype_count[t.dtype.name] += 1
         index_kinds = Counter(self.index.kinds)
         composite = Counter(nodes[i].kind for i in range(len(nodes)) if self.index.kinds[i] == COMPOSITE)  # type: ignore[attr-defined]
-        return {
+        catalog = self.catalog
+        out = {
             "file": self.name,
-            "size": sum(m.source.size for m in self.catalog.members),
+            "size": sum(_member_bytes(m.container) for m in catalog.members) + sum(a.size for a in catalog.files),
             "format": self.format,
             "container": dict(self.container.info),
             "byteorder": self.byteorder,
@@ -170,14 +173,24 @@ class Checkpoint:
             "errors": errors,
             "unsupported": unsupported,
             "unknown_globals": self.unknown_globals,
-            "torch_version_hint": _version_hint(self.container.info),
+            "torch_version_hint": _version_hint(self.container.kind, self.container.info),
         }
+        if catalog.layout:  # a directory: what it is, its members and other files
+            out["layout"] = dict(catalog.layout)
+            out["members"] = [{"name": m.name, "format": m.container.kind, "size": _member_bytes(m.container)}
+                              for m in catalog.members]
+            out["files"] = [{"path": a.path, "size": a.size} for a in catalog.files]
+            out["problems"] = [f"{name}: {e.reason}" for name, e in catalog.problems]
+        metadata = self.metadata()
+        if metadata is not None:
+            out["metadata"] = metadata
+        return out
 
     def metadata(self) -> dict[str, str] | None:
         """What safetensors' ``metadata()`` gives: the free-form string metadata a file carries (a
-        safetensors ``__metadata__``), or None. Torch checkpoints carry none; :meth:`info` gives the format
-        facts."""
-        return None
+        safetensors ``__metadata__``), or None. For several files (shards), their union in file order.
+        Torch checkpoints carry none; :meth:`info` gives the format facts."""
+        return self.catalog.user_metadata()
 
     # --- bytes -----------------------------------------------------------------------------------------
     def reader(self, key: Key) -> TensorData:
@@ -257,8 +270,18 @@ class Checkpoint:
         return self.index.nodes[i]
 
 
-def _version_hint(info: dict[str, Any]) -> str:
+def _member_bytes(container: Container) -> int:
+    """Bytes of a member's files (a DCP checkpoint is its .metadata and data files)."""
+    n = container.info.get("bytes")
+    return n if isinstance(n, int) else container.source.size
+
+
+def _version_hint(kind: str, info: dict[str, Any]) -> str:
     """What the records present say about the writer (torch.save added records over versions)."""
+    if kind == "safetensors":
+        return "safetensors (safetensors.torch.save_file, huggingface_hub, transformers ...)"
+    if kind == "dcp":
+        return f"torch.distributed.checkpoint (metadata version {info.get('version') or '?'})"
     if info.get("kind") == "torchscript":
         return f"torch.jit.save (TorchScript archive, version record {info.get('version', '?')})"
     if info.get("kind") == "legacy":

@@ -139,8 +139,25 @@ def cmd_info(args: argparse.Namespace) -> int:
         fmt += f" stream (torch < 1.6 layout: {c.get('storage_keys', 0)} storages after the pickle)"
     elif fmt == "torchscript":
         fmt += f" archive (torch.jit.save; root {c.get('root')!r}, {c.get('code_files', 0)} code files)"
+    elif fmt == "safetensors":
+        fmt += f" (header {human(c.get('header_bytes'))}, {c.get('tensors', 0)} tensors)"
+    elif fmt == "dcp":
+        fmt += f" (torch.distributed.checkpoint: {_dcp_counts(c)})"
+    elif fmt == "hf-sharded":
+        lay = info["layout"]
+        fmt += (f" ({lay.get('shards')} {lay.get('index_kind')} shards; index "
+                f"{', '.join(oneline(str(i)) for i in lay.get('index', []))})")
+    elif fmt == "directory":
+        fmt += f" ({len(info['members'])} checkpoints, {len(info['files'])} other files)"
     print(f"format      {fmt}")
-    print(f"writer      {info['torch_version_hint']}")
+    for m in info.get("members", []) if fmt.startswith("directory") else ():
+        print(f"  {oneline(m['name'] or '.'):<40}{m['format']:<13}{human(m['size']):>10}")
+    if info.get("format") == "directory" and info["members"] and info["members"][0]["format"] == "dcp":
+        print(f"  dcp         {_dcp_counts(c)}")
+    for name, value in list((info.get("metadata") or {}).items())[:20]:
+        print(f"  metadata    {oneline(name)} = {oneline(value[:100])}")
+    if info["torch_version_hint"] and info["format"] in ("zip", "legacy", "torchscript", "safetensors", "dcp"):
+        print(f"writer      {info['torch_version_hint']}")
     for name in (".format_version", ".storage_alignment", "version"):
         if name in c:
             print(f"  {name:<20}{oneline(str(c[name]))}")
@@ -160,10 +177,24 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"opaque      {len(info['unknown_globals'])} classes not imported (shown as data):")
         for q, n in info["unknown_globals"].items():
             print(f"  {oneline(q)} ({n}x)")
+    if info.get("files"):
+        shown = ", ".join(oneline(f["path"]) for f in info["files"][:8])
+        more = f" and {len(info['files']) - 8} more" if len(info["files"]) > 8 else ""
+        print(f"files       {len(info['files'])} other files: {shown}{more}")
     if info["errors"] or info["unsupported"]:
         print(f"problems    {info['errors']} tensors with errors, {info['unsupported']} not served "
               "(see `ckptfs ls`)")
+    for problem in info.get("problems", []):
+        print(f"left out   {oneline(problem)}")
     return EXIT_OK
+
+
+def _dcp_counts(c: dict[str, Any]) -> str:
+    out = (f"{c.get('entries', 0)} entries: {c.get('tensors', 0)} tensors in {c.get('chunks', 0)} chunks, "
+           f"{c.get('values', 0)} values; {c.get('files', 0)} .distcp files")
+    if c.get("compressed_entries"):
+        out += f", {c['compressed_entries']} entries zstd-compressed"
+    return out
 
 
 def cmd_code(args: argparse.Namespace) -> int:

@@ -6,22 +6,25 @@ from ..errors import FormatError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource
 from .base import Attachment, Container, ObjectGraph
+from .safetensors import SafetensorsFile, is_safetensors
 from .torchscript import TorchScriptZip, is_torchscript
 from .torchzip import TorchZip
 from .zip import is_zip
 
-__all__ = ["Attachment", "Container", "ObjectGraph", "open_container", "sniff"]
+__all__ = ["Attachment", "Container", "ObjectGraph", "SafetensorsFile", "open_container", "sniff"]
 
 # torch's legacy MAGIC_NUMBER 0x1950a86a20f9469cfc6c, pickled as a 10-byte LONG1 (any protocol)
 LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
 def sniff(head: bytes, size: int) -> str:
-    """'zip', 'legacy', 'tar' or 'unknown' from the first 512 bytes."""
+    """'zip', 'legacy', 'safetensors', 'tar' or 'unknown' from the first 512 bytes."""
     if is_zip(head):
         return "zip"
     if head[:1] == b"\x80" and LEGACY_MAGIC in head[:32]:
         return "legacy"
+    if is_safetensors(head, size):
+        return "safetensors"
     if len(head) >= 262 and head[257:262] == b"ustar":
         return "tar"
     return "unknown"
@@ -37,6 +40,8 @@ def open_container(source: ByteSource, limits: Limits = DEFAULT_LIMITS) -> Conta
         from .legacy import LegacyStream
 
         return LegacyStream(source, limits)
+    if kind == "safetensors":
+        return SafetensorsFile(source, limits)
     if kind == "tar":
         raise UnsupportedError("unsupported (tar-based torch < 0.4 format)", file=source.name)
     if not head:
@@ -56,10 +61,6 @@ def other_format(head: bytes, size: int) -> tuple[str, str] | None:
     for magic, found in _OTHER_MAGICS:
         if head.startswith(magic):
             return found
-    if len(head) >= 9 and head[8:9] == b"{":  # safetensors: u64 little-endian header length, then JSON
-        n = int.from_bytes(head[:8], "little")
-        if 2 <= n <= size - 8:
-            return "a safetensors file", "read it with safetensors.safe_open"
     return None
 
 

@@ -44,7 +44,7 @@ class Attachment:
 
 
 class Container(Protocol):
-    kind: str  # "zip", "legacy", "torchscript"
+    kind: str  # "zip", "legacy", "torchscript", "safetensors", "dcp"
     source: ByteSource
     byteorder: str  # "little" / "big": byte order of storage data
     info: dict[str, Any]  # format facts for `ckptfs info` (root, records, versions ...)
@@ -69,8 +69,18 @@ class Container(Protocol):
         """How the container names storage ``key``'s record, for messages and sidecars."""
         ...
 
+    def storage_layout(self, key: str) -> dict[str, Any] | None:
+        """Where storage ``key``'s bytes are in the format's own terms (shown in the entry's ``extra``), or
+        None when :meth:`record_name` says it all."""
+        ...
+
     def attachments(self) -> Sequence[Attachment]:
         """Files carried besides the object graph (none for most formats)."""
+        ...
+
+    def user_metadata(self) -> Mapping[str, str] | None:
+        """The free-form string metadata the file carries for its users (a safetensors ``__metadata__``), or
+        None for formats that have no such thing (torch.save files). Format facts are in :attr:`info`."""
         ...
 
     def close(self) -> None: ...

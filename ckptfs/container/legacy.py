@@ -255,5 +255,11 @@ class LegacyStream:
     def attachments(self) -> Sequence[Attachment]:
         return ()
 
+    def storage_layout(self, key: str) -> dict[str, Any] | None:
+        return None
+
+    def user_metadata(self) -> Mapping[str, str] | None:
+        return None
+
     def close(self) -> None:
         self.source.close()

@@ -75,10 +75,12 @@ class TorchZip:
         except TensorError as e:
             raise self._fail(e.reason, record=self.archive.root + rec.name) from None
 
-    def object_graph(self, strict: bool) -> ObjectGraph:
+    def object_graph(self, strict: bool, key_prefix: str | None = None) -> ObjectGraph:
+        """``key_prefix`` goes before every storage key of the graph (several archives indexed as one)."""
         record = self.archive.root + self.pickle_record.name
         data = self.pickle_bytes()
-        obj, up = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record)
+        obj, up = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record,
+                           key_prefix=key_prefix)
         graph = ObjectGraph([obj], record, dict(up.unknown_globals))
         del obj, up  # the unpickler's memo would keep every unpickled object alive
         return graph
@@ -117,6 +119,12 @@ class TorchZip:
 
     def attachments(self) -> Sequence[Attachment]:
         return ()
+
+    def storage_layout(self, key: str) -> dict[str, Any] | None:
+        return None
+
+    def user_metadata(self) -> Mapping[str, str] | None:
+        return None
 
     def close(self) -> None:
         self.source.close()

@@ -1,4 +1,4 @@
-"""The catalog: one key space over the indexes of one or more files.
+r"""The catalog: one key space over the indexes of one or more files.
 
 A *member* is one file: its source, its container, the converter that turned its recorded calls into
 nodes (its storage references point back at its container). The catalog indexes the members' object
@@ -10,7 +10,14 @@ graphs as one tree:
   kept, renamed ``key#2`` (``#3`` ...: the index's rule for duplicate dotted keys), and reported in
   :attr:`Catalog.conflicts` naming both files. Nothing is dropped. A member whose top-level object is
   not a dict is placed under its name;
-* several files, not ``flat``: each file is a subtree named by its member name.
+* several files, not ``flat``: each file is a subtree named by its member name;
+* any mix of these (a directory of checkpoints, :mod:`ckptfs.model.directory`): :meth:`Catalog.assemble`
+  lays members out by an :class:`~ckptfs.model.index.Group` (members spread into a dict, placed under
+  names, groups in groups). A member is whatever opens as a container: one file, or a DCP directory.
+
+A catalog may also carry *files*: other files of a model directory (config.json, tokenizer files), served
+read-only and byte-exact as :class:`~ckptfs.container.base.Attachment`\ s of group ``"file"``; and
+``layout``: what was opened (format, shards, index file ...) for ``ckptfs info``.
 
 Members' containers are opened concurrently (a thread each, up to ``MAX_OPENERS``): on remote or cold
 storage the round trips of a directory's files overlap instead of adding up.
@@ -22,7 +29,7 @@ import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..container import Container, open_container
 from ..container.base import Attachment
@@ -32,7 +39,7 @@ from ..pickle.nodes import TensorNode
 from ..pickle.unpickler import gc_paused
 from ..source import ByteSource, open_source
 from .convert import Converter
-from .index import COMPOSITE, LINK, TENSOR, Index
+from .index import COMPOSITE, LINK, TENSOR, Group, Index
 from .meta import Meta
 from .reader import TensorData
 from .tensors import ensure_valid
@@ -73,6 +80,14 @@ class Catalog:
         self.limits = limits
         self.name = name
         self.conflicts = [Conflict(k, members[a].name, members[b].name, new) for k, a, b, new in index.conflicts]
+        #: other files of a directory (group "file"), served byte-exact
+        self.files: list[Attachment] = []
+        #: what was opened, for ``ckptfs info``: {"format": ..., "members": ..., ...}; {} for one file
+        self.layout: dict[str, Any] = {}
+        #: members left out of a tolerant catalog (a directory of unrelated checkpoints): (name, error)
+        self.problems: list[tuple[str, CkptfsError]] = []
+        #: how several members are laid out (None for one file)
+        self.group: Group | None = None
         self._data: dict[int, TensorData] = {}
         max_ndim = limits.max_ndim
         index.validator = lambda t: ensure_valid(t, max_ndim)
@@ -106,46 +121,86 @@ class Catalog:
         """A catalog of several files ``(member name, source)``, in that order (see the module doc)."""
         if not sources:
             raise FormatError("no checkpoint files to open", file=name)
-        containers: list[Container | None] = [None] * len(sources)
+        n = len(sources)
+        group = Group(flat=list(range(n))) if flat else Group(named=[(m, i) for i, (m, _) in enumerate(sources)])
+        openers = [(m, _file_opener(src, limits)) for m, src in sources]
+        return cls.assemble(openers, group, name=name, strict=strict, limits=limits, owned=[s for _, s in sources])
+
+    @classmethod
+    def assemble(cls, openers: Sequence[tuple[str, Callable[[], Container]]], group: Group, *, name: str,
+                 strict: bool = False, limits: Limits = DEFAULT_LIMITS, owned: Sequence[ByteSource] = (),
+                 files: Sequence[Attachment] = (), layout: Mapping[str, Any] | None = None,
+                 tolerant: bool = False) -> Catalog:
+        """A catalog of members ``(member name, opener)`` laid out by ``group``. Each opener returns the
+        member's container (they run concurrently); ``owned`` sources are closed if this fails (the
+        containers that opened are closed too). ``tolerant``: a member that fails to open or index is left
+        out and its error listed in :attr:`problems` (as ``(member name, error)``), instead of failing all."""
+        if not openers:
+            raise FormatError("no checkpoint files to open", file=name)
+        containers: list[Container | None] = [None] * len(openers)
+        failed: dict[int, CkptfsError] = {}
 
         def open_one(i: int) -> None:
             try:
-                containers[i] = open_container(sources[i][1], limits)
+                containers[i] = openers[i][1]()
             except CkptfsError as e:
-                raise e.at(file=sources[i][1].name) from None
+                if not tolerant:
+                    raise
+                failed[i] = e
 
         try:
-            # the containers' I/O (end records, directories) concurrently; unpickling stays in this thread
-            # (the unpickling probe forks, which a process must not do while other threads run)
-            if len(sources) == 1:
+            # the containers' I/O (end records, directories, headers) concurrently; unpickling stays in this
+            # thread (the unpickling probe forks, which a process must not do while other threads run)
+            if len(openers) == 1:
                 open_one(0)
             else:
-                with ThreadPoolExecutor(min(MAX_OPENERS, len(sources)), thread_name_prefix="ckptfs-open") as pool:
-                    for future in [pool.submit(open_one, i) for i in range(len(sources))]:
+                with ThreadPoolExecutor(min(MAX_OPENERS, len(openers)), thread_name_prefix="ckptfs-open") as pool:
+                    for future in [pool.submit(open_one, i) for i in range(len(openers))]:
                         future.result()  # the first failure, in member order
-            members = []
-            roots = []
+            members: list[Member] = []
+            roots: list[tuple[str, object, Converter]] = []
+            kept: dict[int, int] = {}  # opener number -> member number
             with gc_paused():
-                for (member_name, source), container in zip(sources, containers, strict=False):
-                    assert container is not None
+                for i, ((member_name, _), container) in enumerate(zip(openers, containers, strict=False)):
+                    if container is None:
+                        continue
+                    source = container.source
                     member = Member(member_name, source, container, Converter(limits, owner=container), {})
                     try:
                         graph = container.object_graph(strict)
                     except CkptfsError as e:
-                        raise e.at(file=source.name) from None
+                        e.at(file=source.name)
+                        if not tolerant:
+                            raise e from None
+                        failed[i] = e
+                        container.close()
+                        containers[i] = None
+                        continue
                     member.unknown_globals = graph.unknown_globals
+                    kept[i] = len(members)
                     members.append(member)
                     roots.append((member_name, graph.take(), member.converter))
                     del graph
-                index = Index.merged(roots, flat=flat, limits=limits)
+                if not members:
+                    first = failed[min(failed)]
+                    raise first.at(file=name)
+                index = Index.placed(roots, _renumbered(group, kept), limits=limits)
                 del roots
                 for m in members:
                     m.container.bind(m.converter.refs)
         except BaseException:
-            for _, source in sources:
+            for c in containers:
+                if c is not None:
+                    c.close()
+            for source in owned:
                 source.close()
             raise
-        return cls(members, index, limits, name)
+        catalog = cls(members, index, limits, name)
+        catalog.group = _renumbered(group, kept)
+        catalog.files = list(files)
+        catalog.layout = dict(layout or {})
+        catalog.problems = [(openers[i][0], failed[i]) for i in sorted(failed)]
+        return catalog
 
     # --- members ----------------------------------------------------------------------------------------
     def member_of(self, row: int) -> Member:
@@ -166,8 +221,32 @@ class Catalog:
                 out[k] = out.get(k, 0) + n
         return dict(sorted(out.items()))
 
-    def attachments(self) -> list[tuple[Member, Attachment]]:
-        return [(m, a) for m in self.members for a in m.container.attachments()]
+    def attachments(self) -> list[tuple[Member | None, Attachment]]:
+        """Files served besides the tree: the members' (TorchScript code ...) and the catalog's own (a model
+        directory's other files: group "file", member None)."""
+        out: list[tuple[Member | None, Attachment]] = [(m, a) for m in self.members for a in m.container.attachments()]
+        out += [(None, a) for a in self.files]
+        return out
+
+    @property
+    def format(self) -> str:
+        """What was opened: the container kind of a single file ("zip", "safetensors" ...), or the layout of
+        a directory ("hf-sharded", "dcp", "directory")."""
+        fmt = self.layout.get("format")
+        return fmt if isinstance(fmt, str) else self.members[0].container.kind
+
+    def user_metadata(self) -> dict[str, str] | None:
+        """The files' free-form string metadata (safetensors ``__metadata__``): one file's as it is; for
+        several, their union in member order (a key two files give differently keeps the first file's
+        value). None when no file carries any."""
+        out: dict[str, str] | None = None
+        for m in self.members:
+            meta = m.container.user_metadata()
+            if meta is not None:
+                out = {} if out is None else out
+                for k, v in meta.items():
+                    out.setdefault(k, v)
+        return out
 
     # --- keys and metadata ------------------------------------------------------------------------------
     def row(self, key: str | tuple[object, ...]) -> int:
@@ -241,4 +320,25 @@ class Catalog:
 
     def close(self) -> None:
         for m in self.members:
-            m.source.close()
+            m.container.close()
+
+
+def _renumbered(group: Group, kept: Mapping[int, int]) -> Group:
+    """``group`` with members renumbered (``kept``: old -> new) and the members not kept left out."""
+    named: list[tuple[str, int | Group]] = []
+    for n, what in group.named:
+        if isinstance(what, Group):
+            named.append((n, _renumbered(what, kept)))
+        elif what in kept:
+            named.append((n, kept[what]))
+    return Group([kept[m] for m in group.flat if m in kept], named)
+
+
+def _file_opener(source: ByteSource, limits: Limits) -> Callable[[], Container]:
+    def open_file() -> Container:
+        try:
+            return open_container(source, limits)
+        except CkptfsError as e:
+            raise e.at(file=source.name) from None
+
+    return open_file

@@ -12,7 +12,8 @@ use (:mod:`ckptfs.model.tensors`). :meth:`Index.merged` indexes several files' g
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 from ..errors import LimitError, brief
 from ..limits import DEFAULT_LIMITS, Limits, MemoryGuard
@@ -123,6 +124,18 @@ def opaque_children(obj: OpaqueObject) -> list[tuple[object, object]]:
     return out
 
 
+@dataclass
+class Group:
+    """Where members' trees go in a merged index: a dict made by ckptfs, not by any file.
+
+    ``flat`` members have their top-level dict's items spread here, in order (the shards of one state_dict;
+    a member whose root is not a dict is placed under its name instead); ``named`` entries are placed under
+    a name: a member (by its number) or another group (a subdirectory of checkpoints)."""
+
+    flat: list[int] = field(default_factory=list)
+    named: list[tuple[str, Union[int, Group]]] = field(default_factory=list)
+
+
 def classify(v: object, conv: Converter) -> tuple[str, object]:
     """(kind, node) for one value; recorded calls and pickle-data values are converted here."""
     if isinstance(v, Call):
@@ -132,7 +145,7 @@ def classify(v: object, conv: Converter) -> tuple[str, object]:
         return (TENSOR if v.parts is None else COMPOSITE), v  # type: ignore[attr-defined]
     if t in LEAF_TYPES:
         return LEAF, v
-    if t is dict or t is PickledOrderedDict:
+    if t is dict or t is PickledOrderedDict or t is Group:
         return DICT, v
     if t is list:
         return LIST, v
@@ -179,9 +192,20 @@ class Index:
         member already has is kept under ``key#2`` (the index's duplicate rule) and listed in
         ``conflicts``. A member whose root is not a dict, and every member when not ``flat``, is placed
         under its name instead. ``owners[row]`` is the member a row comes from (-1 for the root)."""
+        n = len(members)
+        group = Group(flat=list(range(n))) if flat else Group(named=[(m[0], i) for i, m in enumerate(members)])
+        return cls.placed(members, group, limits=limits)
+
+    @classmethod
+    def placed(cls, members: Sequence[tuple[str, object, Converter]], group: Group, *,
+               limits: Limits = DEFAULT_LIMITS) -> Index:
+        """One index over several files' object graphs ``(name, root, converter)``, laid out by ``group``
+        (the root): members spread into a group (the same collision rule as :meth:`merged`: the later key
+        is renamed ``key#2`` and listed in ``conflicts``), placed under names, and groups nested in groups.
+        ``owners[row]`` is the member a row comes from (-1 for the groups)."""
         self = cls.__new__(cls)
         self._init_columns(limits)
-        self._build(None, [m[2] for m in members], list(members), False, flat)
+        self._build(group, [m[2] for m in members], list(members), False)
         return self
 
     def _init_columns(self, limits: Limits) -> None:
@@ -204,7 +228,7 @@ class Index:
 
     # --- building -------------------------------------------------------------------------------------
     def _build(self, root: object, convs: list[Converter], members: list[tuple[str, object, Converter]] | None,
-               drain: bool = False, flat: bool = False) -> None:
+               drain: bool = False) -> None:
         limits = self.limits
         keys, names, parents, kinds, nodes = self.keys, self.names, self.parents, self.kinds, self.nodes
         by_key, spans = self.by_key, self._spans
@@ -218,6 +242,7 @@ class Index:
         guard = MemoryGuard(limits.max_memory, "indexing")
         dups: dict[str, int] = {}  # key -> next "#n" suffix to try (dedupe stays linear)
         owners = self.owners = [-1] if members is not None else None
+        groups: set[int] = set()  # rows made by ckptfs (Group): keys spread into them may collide
         v2 = V2_CALL
 
         def expand(i: int, items: Iterable[tuple[object, object]], n_items: int, m: int) -> None:
@@ -226,7 +251,7 @@ class Index:
             # locals, not closure cells, in the loop below (it runs once per row)
             keys_, names_, parents_, kinds_, nodes_, by_key_ = keys, names, parents, kinds, nodes, by_key
             seen_, keep_alive_, classify_ = seen, keep_alive, classify
-            conv = convs[m]
+            conv = convs[m] if m >= 0 else convs[0]  # (a group's items are groups and members' roots)
             v2_convert = conv.v2
             kind: str
             node: object
@@ -251,7 +276,7 @@ class Index:
                     old = key
                     key = _dedupe(key, by_key_, dups)
                     by_key_[key] = row
-                    if owners is not None and i == 0 and owners[by_key_[old]] != m:
+                    if owners is not None and i in groups and owners[by_key_[old]] != m:
                         self.conflicts.append((old, owners[by_key_[old]], m, key))
                 if kind == TENSOR:
                     n_tensors += 1
@@ -279,10 +304,28 @@ class Index:
             if key_bytes > max_key_bytes:
                 raise LimitError(f"dotted keys longer than {max_key_bytes} bytes in all")
 
+        def expand_group(i: int, group: Group) -> None:
+            """A group's rows: spread members' items, members and groups under their names."""
+            assert members is not None
+            groups.add(i)
+            first = len(keys)
+            for m in group.flat:
+                name, obj, _conv = members[m]
+                if isinstance(obj, dict) and type(obj) in PLAIN_DICTS:
+                    expand(i, obj.items(), len(obj), m)
+                else:
+                    expand(i, [(name, obj)], 1, m)
+            for name, what in group.named:
+                if isinstance(what, Group):
+                    expand(i, [(name, what)], 1, -1)
+                else:
+                    expand(i, [(name, members[what][1])], 1, what)
+            spans[i] = (first, len(keys) - first)
+
         if members is None:
             kind, node = classify(root, convs[0])
         else:
-            kind, node = DICT, None
+            kind, node = DICT, root
         keys.append("")
         names.append(None)
         parents.append(-1)
@@ -295,14 +338,6 @@ class Index:
             keep_alive.append(node)
             depth[0] = 0
         del root  # from here the rows (and keep_alive) hold it, as they hold every container
-        if members is not None:  # the root of a merged index: the members' top-level items, or the members
-            for m, (name, obj, _conv) in enumerate(members):
-                if flat and type(obj) in PLAIN_DICTS:
-                    expand(0, obj.items(), len(obj), m)  # type: ignore[attr-defined, arg-type]
-                else:
-                    expand(0, [(name, obj)], 1, m)
-            spans[0] = (1, len(keys) - 1)
-            members = None
         node = None
         sole = SOLE_HOLDERS
         next_check = 1 << 16  # rows; the memory guard is consulted every 64k new rows
@@ -314,6 +349,11 @@ class Index:
                 continue
             obj = nodes[i]
             items: Iterable[tuple[object, object]]
+            if type(obj) is Group:  # a merged index's root, or a directory of checkpoints inside it
+                expand_group(i, obj)
+                nodes[i] = None
+                i += 1
+                continue
             if k_i == DICT:
                 if drain and sys.getrefcount(obj) == sole and type(obj) in PLAIN_DICTS:
                     # only this index holds it (not an opaque object's state, not a shared value):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Any, cast
 
-from ..errors import brief
+from ..errors import CkptfsError, brief
 from ..pickle.nodes import (
     Inert,
     OpaqueObject,
@@ -210,11 +210,21 @@ class Meta:
 
     @property
     def extra(self) -> dict[str, Any]:
-        """Kind-specific facts: conj/neg flags, qparams, subclass, python_state, ..."""
+        """Kind-specific facts: conj/neg flags, qparams, subclass, python_state, ...; and where the bytes are
+        in the format's own terms (a safetensors entry, the chunks of a DCP tensor)."""
         t = self._t
-        if t is None or not t.extra:
+        if t is None:
             return {}
-        return {k: v for k, v in t.extra.items() if k != "inline"}
+        out = {k: v for k, v in t.extra.items() if k != "inline"} if t.extra else {}
+        ref = t.storage
+        if ref is not None and ref.owner is not None and ref.error is None:
+            try:
+                layout = ref.owner.storage_layout(ref.key)
+            except CkptfsError:
+                layout = None
+            if layout:
+                out.update(layout)
+        return out
 
     # --- leaves, containers, links ---
     @property

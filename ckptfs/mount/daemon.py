@@ -108,13 +108,14 @@ def parse_options(groups: list[str]) -> dict[str, Any]:
 
 
 def check_checkpoint(path: str) -> None:
+    """The checkpoint (a file, or a directory of checkpoint files) exists and can be read."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise MountError(e.strerror or str(e), file=path) from None
     try:
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            raise MountError("is a directory, not a checkpoint file", file=path)
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and not os.access(path, os.R_OK | os.X_OK):
+            raise MountError("the directory cannot be listed (permission denied)", file=path)
     finally:
         os.close(fd)
 

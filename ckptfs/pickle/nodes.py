@@ -27,6 +27,12 @@ class StorageOwner(Protocol):
 
     def record_name(self, key: str) -> str: ...
 
+    def storage_layout(self, key: str) -> dict[str, Any] | None:
+        """Where storage ``key``'s bytes are, in the format's own terms (a safetensors entry's
+        ``data_offsets``, the chunks of a DCP tensor), merged into the entry's ``extra``; None when
+        :meth:`record_name` says it all."""
+        ...
+
 
 class Inert:
     """Base for objects handed to the unpickler: BUILD is refused unless a subclass accepts it."""

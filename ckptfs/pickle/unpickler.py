@@ -20,20 +20,29 @@ import pickletools
 import select
 import signal
 import time
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from ..errors import CkptfsError, LimitError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits, memory_now
 from .allowlist import ALLOWED, MODULE_ALIASES
 from .nodes import PersistentId, opaque_class
 
+STRICT_REFUSAL = "is not on the allowlist (strict mode)"
+
 
 class SafeUnpickler(pickle.Unpickler):
+    """The safe unpickler. ``allowlist`` maps (module, name) to what a global stands for (default: torch's
+    checkpoints, :data:`ckptfs.pickle.allowlist.ALLOWED`); a format with a closed set of classes (DCP
+    metadata) passes its own with ``strict=True``, and ``refusal`` says what a global outside it is not.
+    ``persistent_ids=False`` refuses persistent ids; ``key_prefix`` is put before each storage key of
+    torch's persistent ids (pickles from several records indexed as one graph: keys stay distinct)."""
+
     #: persistent ids are recorded in C (a class call), interpreted later by ckptfs.convert
     persistent_load = PersistentId
 
     def __init__(self, data: bytes | io.BufferedIOBase, *, strict: bool = False,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS, allowlist: Mapping[tuple[str, str], object] = ALLOWED,
+                 refusal: str = STRICT_REFUSAL, persistent_ids: bool = True, key_prefix: str | None = None) -> None:
         # A buffered reader has peek(): the C unpickler then reads in big chunks instead of calling
         # read() once per opcode (4x faster on torch's state_dict pickles). A stream given instead of
         # bytes (the legacy format's main pickle, whose end is only known once read) must have peek()
@@ -46,6 +55,12 @@ class SafeUnpickler(pickle.Unpickler):
         super().__init__(stream, encoding="utf-8", errors="surrogateescape")
         self.strict = strict
         self.limits = limits
+        self.allowlist = allowlist
+        self.refusal = refusal
+        if not persistent_ids:
+            self.persistent_load = _no_persistent_ids  # type: ignore[assignment]
+        elif key_prefix is not None:
+            self.persistent_load = _prefixed(key_prefix)  # type: ignore[assignment]
         self.unknown_globals: dict[str, int] = {}  # qualified name -> times referenced
         self._stream = stream
         self._data = data if isinstance(data, (bytes, bytearray, memoryview)) else None
@@ -59,12 +74,12 @@ class SafeUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> object:
         module = MODULE_ALIASES.get(module, module)
-        found = ALLOWED.get((module, name))
+        found = self.allowlist.get((module, name))
         if found is not None:
             return found
         qualname = f"{module}.{name}"
         if self.strict:
-            raise UnsafePickleError(f"global {qualname} is not on the allowlist (strict mode)")
+            raise UnsafePickleError(f"global {qualname} {self.refusal}")
         seen = self.unknown_globals
         if qualname not in seen:
             if len(seen) >= self.limits.max_globals:
@@ -75,13 +90,16 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
-             file: str | None = None, record: str | None = None) -> tuple[object, SafeUnpickler]:
+             file: str | None = None, record: str | None = None,
+             allowlist: Mapping[tuple[str, str], object] = ALLOWED, refusal: str = STRICT_REFUSAL,
+             persistent_ids: bool = True, key_prefix: str | None = None) -> tuple[object, SafeUnpickler]:
     """Unpickle ``data`` (bytes, or a stream that bounds its own size) safely; any failure becomes one
-    CkptfsError naming ``file`` and ``record``."""
+    CkptfsError naming ``file`` and ``record``. The other options are :class:`SafeUnpickler`'s."""
     if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > limits.max_pickle_bytes:
         raise LimitError(f"pickle of {len(data)} bytes is over the limit of {limits.max_pickle_bytes} "
                          "(raise Limits.max_pickle_bytes to index it)", file=file, record=record)
-    up = SafeUnpickler(data, strict=strict, limits=limits)
+    up = SafeUnpickler(data, strict=strict, limits=limits, allowlist=allowlist, refusal=refusal,
+                       persistent_ids=persistent_ids, key_prefix=key_prefix)
     try:
         with gc_paused():
             obj = up.load()
@@ -95,6 +113,19 @@ def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: L
         raise UnsafePickleError(f"malformed pickle ({type(e).__name__}: {_short(e)})", file=file,
                                 record=record) from None
     return obj, up
+
+
+def _no_persistent_ids(pid: object) -> object:
+    raise UnsafePickleError("a persistent id in a pickle that has none")
+
+
+def _prefixed(prefix: str) -> object:
+    def persistent_load(pid: object) -> PersistentId:
+        if type(pid) is tuple and len(pid) >= 3 and type(pid[2]) is str:
+            pid = pid[:2] + (prefix + pid[2],) + pid[3:]
+        return PersistentId(pid)
+
+    return persistent_load
 
 
 # --- the probe ---------------------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 
 from .base import ByteSource, FileRegion, Identity, read_exact
+from .directory import Directory, DirEntry, LocalDirectory, check_relative
 from .local import LocalFile
 from .memory import BytesSource
 from .subrange import SubRange
 
-__all__ = ["ByteSource", "BytesSource", "FileRegion", "Identity", "LocalFile", "SubRange", "open_source",
-           "read_exact"]
+__all__ = ["ByteSource", "BytesSource", "DirEntry", "Directory", "FileRegion", "Identity", "LocalDirectory",
+           "LocalFile", "SubRange", "check_relative", "open_source", "read_exact"]
 
 
 def open_source(path_or_source: str | os.PathLike[str] | ByteSource) -> ByteSource:

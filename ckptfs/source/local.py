@@ -19,10 +19,13 @@ class LocalFile:
 
     read_size = LOCAL_READ_SIZE
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.name = os.fspath(path)
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        """Open ``path``; ``name`` is how messages (and the staleness check's path stat) name it when that
+        differs from the path opened (a file of a directory opened by its real path)."""
+        self.name = os.fspath(path) if name is None else name
+        self._path = os.fspath(path)
         try:
-            self.fd = os.open(self.name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self.fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise CkptfsError(e.strerror or str(e), file=self.name) from None
         st = os.fstat(self.fd)
@@ -104,7 +107,7 @@ class LocalFile:
         if not thorough:
             return
         try:
-            pst = os.stat(self.name)
+            pst = os.stat(self._path)
         except FileNotFoundError:
             raise StaleSourceError("the checkpoint was deleted while in use", file=self.name) from None
         except OSError:

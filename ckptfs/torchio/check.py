@@ -6,6 +6,7 @@ unless ``trust`` is given; a file torch refuses is reported, not loaded unsafely
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -13,7 +14,7 @@ from typing import Any, Iterator
 from ..dtypes import numpy_dtype
 from ..errors import CkptfsError
 from ..model.catalog import Catalog
-from ..model.index import COMPOSITE, TENSOR
+from ..model.index import COMPOSITE, TENSOR, Group
 from ..model.meta import Meta
 
 
@@ -72,13 +73,94 @@ class Outcome:
     shape: tuple[int, ...] = ()
 
 
+class _Lazy:
+    """A tensor of a safetensors file, read with ``safe_open`` when it is compared."""
+
+    __slots__ = ("handle", "key")
+
+    def __init__(self, handle: Any, key: str) -> None:
+        self.handle, self.key = handle, key
+
+    def load(self) -> Any:
+        return self.handle.get_tensor(self.key)
+
+
+class Reference(dict[Any, Any]):
+    """What the writers' own loaders give for several files, as one dict (safetensors tensors loaded only
+    when looked up)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        v = dict.__getitem__(self, key)
+        return v.load() if isinstance(v, _Lazy) else v
+
+
+def _safetensors_reference(path: str) -> Reference:
+    from safetensors import safe_open
+
+    handle = safe_open(path, framework="pt")
+    return Reference((k, _Lazy(handle, k)) for k in handle.keys())
+
+
+def _dcp_reference(directory: str) -> Any:
+    """torch's own conversion of a DCP checkpoint (``dcp_to_torch_save``: every tensor in memory), loaded
+    back with mmap from a temporary file that is gone once loaded."""
+    import tempfile
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory(prefix="ckptfs-check-") as tmp:
+        out = os.path.join(tmp, "dcp.pt")
+        dcp_to_torch_save(directory, out)
+        return torch.load(out, map_location="cpu", weights_only=False, mmap=True)
+
+
+def _member_reference(container: Any, trust: bool) -> Any:
+    import torch
+
+    kind = container.kind
+    if kind == "safetensors":
+        return _safetensors_reference(container.source.name)
+    if kind == "dcp":
+        return _dcp_reference(container.name)
+    if kind == "torchscript":
+        if not trust:
+            raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
+                              "(CVE-2025-32434); re-run with --trust if you trust the file", file=container.source.name)
+        return torch.jit.load(container.source.name, map_location="cpu")
+    return torch.load(container.source.name, map_location="cpu", weights_only=not trust, mmap=kind == "zip")
+
+
+def _group_reference(catalog: Catalog, group: Group, trust: bool) -> Any:
+    """The writers' loaders' results laid out as the catalog lays its members out."""
+    out = Reference()
+    for m in group.flat:
+        ref = _member_reference(catalog.members[m].container, trust)
+        if isinstance(ref, dict):
+            for k in dict.keys(ref):
+                dict.__setitem__(out, k, dict.__getitem__(ref, k))
+        else:
+            dict.__setitem__(out, catalog.members[m].name, ref)
+    for name, what in group.named:
+        sub = _group_reference(catalog, what, trust) if isinstance(what, Group) else \
+            _member_reference(catalog.members[what].container, trust)
+        dict.__setitem__(out, name, sub)
+    return out
+
+
 def load_reference(catalog: Catalog, path: str, trust: bool) -> Any:
-    """What torch gives for the file: ``torch.load(weights_only=not trust)`` (``mmap`` for zip files), or
-    ``torch.jit.load`` for a TorchScript archive (only with ``trust``: it runs the archive's code)."""
+    """What the writer's own loader gives: ``torch.load(weights_only=not trust)`` (``mmap`` for zip files),
+    ``torch.jit.load`` for a TorchScript archive (only with ``trust``: it runs the archive's code),
+    ``safetensors.safe_open`` for safetensors files, ``dcp_to_torch_save`` for a DCP checkpoint; for a
+    directory, each member's laid out as the catalog lays them out (shards merged)."""
     import torch
 
     kind = catalog.members[0].container.kind
     try:
+        if catalog.group is not None:
+            return _group_reference(catalog, catalog.group, trust)
+        if kind in ("safetensors", "dcp"):
+            return _member_reference(catalog.members[0].container, trust)
         kwargs: dict[str, Any] = {"map_location": "cpu", "weights_only": not trust}
         if kind == "zip":
             kwargs["mmap"] = True
@@ -225,11 +307,11 @@ def _torch_only_tensors(ref: Any, catalog: Catalog) -> list[tuple[object, ...]]:
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, (torch.Tensor, _Lazy)):
             if catalog.index.find_path(path) is None:
                 missing.append(path)
         elif isinstance(obj, dict):
-            stack.extend((v, path + (k,)) for k, v in obj.items())
+            stack.extend((v, path + (k,)) for k, v in dict.items(obj))
         elif isinstance(obj, (list, tuple)):
             stack.extend((v, path + (i,)) for i, v in enumerate(obj))
     return missing

@@ -12,7 +12,10 @@ Nodes are ints (0 is the root directory). What each kind of node holds (docs/lay
 * a plain value (str, int, float, bool, None, bytes): a small file holding it (str as UTF-8, bytes raw,
   the others as JSON), no sidecar;
 * a container: a directory; a container met twice: a symlink to the first one;
-* ``/.ckptfs/index.json``: every key with its path, kind, dtype, shape and nbytes.
+* ``/.ckptfs/index.json``: every key with its path, kind, dtype, shape and nbytes;
+* ``/.ckptfs/code/<path>``: a TorchScript archive's sources; ``/.ckptfs/files/<path>``: the other files of
+  a checkpoint directory (config.json ...), byte-exact, each top-level one also reachable from the root by
+  a symlink of its own name when that name is free (``/config.json -> .ckptfs/files/config.json``).
 
 Only the index and small rendered metadata live in memory: tensor bytes are always read from the file.
 """
@@ -27,7 +30,7 @@ from typing import Any, Literal, cast
 
 from ..container.base import Attachment
 from ..dtypes import DTYPES, numpy_dtype
-from ..errors import CkptfsError, UnsupportedError
+from ..errors import CkptfsError, StaleSourceError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.extents import Content, ContentHandle, source_range
 from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
@@ -35,6 +38,7 @@ from ..model.meta import Meta, _jsonable
 from ..model.reader import TensorData
 from ..model.tensors import nbytes
 from ..pickle.nodes import TensorNode
+from ..source import ByteSource
 from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
 
@@ -48,8 +52,9 @@ XATTR_PREFIX = "user.ckptfs."
 XATTR_MAX = 64 * 1024  # the kernel's limit for one value
 
 # what a node holds, for nodes that are not an index row's own file / directory
-_INDEX, _INFO, _CODE = 2, 3, 4
+_INDEX, _INFO, _ATTACHED, _FILE_LINK = 2, 3, 4, 5
 CODE_DIR = "code"  # /.ckptfs/code/: a TorchScript archive's sources, as text
+FILES_DIR = "files"  # /.ckptfs/files/: a checkpoint directory's other files (config.json ...)
 #: Sidecars are not nodes of the tree (half the nodes of a state_dict): the sidecar of node n is n + SIDECAR.
 SIDECAR = 1 << 40
 
@@ -80,17 +85,27 @@ class TreeView:
         self._total: int | None = None
         self.mtime_ns = catalog.members[0].source.identity().modified_ns
         self._render_sidecar = lru_cache(maxsize=4096)(self._sidecar_bytes)
-        self._code: dict[int, Attachment] = {}  # node -> a TorchScript source (an archive's code/ file)
-        code = [a for _, a in catalog.attachments() if a.group == "code"]
+        self._attached: dict[int, Attachment] = {}  # node -> a TorchScript source, a directory's other file
+        self._link_targets: dict[int, str] = {}  # node -> target of a root symlink to an other file
+        self._attached_sources: dict[int, ByteSource] = {}
+        self.show_member = bool(catalog.layout)  # a directory: sidecars say which file an entry is from
+        attachments = catalog.attachments()
+        code = [a for _, a in attachments if a.group == "code"]
         if code:
-            self._add_code_tree(reserved, code)
+            self._add_attachment_tree(reserved, CODE_DIR, code)
+        files = [a for _, a in attachments if a.group == "file"]
+        if files:
+            placed = self._add_attachment_tree(reserved, FILES_DIR, files)
+            self._add_root_links(placed)
 
-    def _add_code_tree(self, reserved: int, files: list[Attachment]) -> None:
-        """``/.ckptfs/code/<path>`` for each TorchScript source; read (inflated) only when opened.
-        The paths come from the archive: each component is kept when it is a plain file name, escaped
-        (namespace.escape) otherwise, so nothing can climb out or collide with ckptfs's names."""
+    def _add_attachment_tree(self, reserved: int, dirname: str, files: list[Attachment]) -> dict[str, int]:
+        """``/.ckptfs/<dirname>/<path>`` for each attachment (TorchScript sources, other files); read (or
+        inflated) only when opened. The paths come from the file: each component is kept when it is a plain
+        file name, escaped (namespace.escape) otherwise, so nothing can climb out or collide with ckptfs's
+        names. Returns {path: node} of the files placed."""
         tree = self.tree
-        top = tree.add(reserved, CODE_DIR, DIR)
+        top = tree.add(reserved, dirname, DIR)
+        placed: dict[str, int] = {}
         for attachment in files:
             parent = top
             parts = attachment.path.split("/")
@@ -105,8 +120,25 @@ class TreeView:
                     break  # a name both file and directory in a hostile archive: the later one is dropped
                 parent = child
             else:
-                self.role[parent] = _CODE
-                self._code[parent] = attachment
+                self.role[parent] = _ATTACHED
+                self._attached[parent] = attachment
+                placed[attachment.path] = parent
+        return placed
+
+    def _add_root_links(self, placed: dict[str, int]) -> None:
+        """A symlink at the root for each top-level other file whose name cannot be a key's (it has a dot),
+        does not start with one, and is not taken (by an entry, or the sidecar of one)."""
+        tree = self.tree
+        root = tree.entries[0]
+        sidecars = {name + SIDECAR_SUFFIX for name, child in root.items() if child in self.has_sidecar}
+        for path, node in placed.items():
+            name = tree.names[node]
+            if "/" in path or name != path or "." not in name or name.startswith(".") or name in root \
+                    or name in sidecars:
+                continue
+            link = tree.add(0, name, NS_LINK)
+            self.role[link] = _FILE_LINK
+            self._link_targets[link] = tree.path(node)
 
     # --- structure ----------------------------------------------------------------------------------
     def lookup(self, path: str) -> int | None:
@@ -152,6 +184,9 @@ class TreeView:
         return n
 
     def readlink(self, node: int) -> str:
+        target = self._link_targets.get(node)
+        if target is not None:
+            return target
         tree = self.tree
         target_row = self.index.resolve(tree.rows[node])
         target = tree.path(tree.row_node[target_row])
@@ -182,8 +217,8 @@ class TreeView:
             return 0
         if node < SIDECAR and tree.types[node] == NS_LINK:
             return len(self.readlink(node).encode())
-        if self.role.get(node) == _CODE:
-            return self._code[node].size
+        if self.role.get(node) == _ATTACHED:
+            return self._attached[node].size
         data = self._rendered(node)
         if data is not None:
             return len(data)
@@ -199,7 +234,7 @@ class TreeView:
             return self.index_json()
         if role == _INFO:
             return self._info[node]
-        if role == _CODE:
+        if role == _ATTACHED:
             return None
         row = self.tree.rows[node]
         return None if self.index.kinds[row] == TENSOR else self.leaf_bytes(row)
@@ -217,9 +252,21 @@ class TreeView:
         data = self._rendered(node)
         if data is not None:
             return Content.of_bytes(data)
-        if self.role.get(node) == _CODE:
-            code = self._code[node]
-            return Content([source_range(code.open(), 0, code.size)])
+        if self.role.get(node) == _ATTACHED:
+            attached = self._attached[node]
+            source = self._attached_sources.get(node)
+            if source is None:  # opened once (a file of a directory: one descriptor for every open of it)
+                source = attached.open()
+                if source.size != attached.size:  # changed since it was listed
+                    size = source.size
+                    source.close()
+                    raise StaleSourceError(f"changed size since it was listed ({attached.size} -> {size} bytes)",
+                                           file=source.name)
+                kept = self._attached_sources.setdefault(node, source)
+                if kept is not source:  # another thread opened it first
+                    source.close()
+                    source = kept
+            return Content([source_range(source, 0, attached.size)])
         reader = self._reader(self.tree.rows[node])
         return reader.content if reader is not None else Content(())
 
@@ -257,6 +304,10 @@ class TreeView:
         tree = self.tree
         d["file"] = tree.path(tree.row_node[row])
         d["path_repr"] = repr(self.index.path(row))
+        if self.show_member and self.index.owners is not None and self.index.owners[row] >= 0:
+            member = self.catalog.member_of(row).name
+            if member:  # ("" for a DCP checkpoint that is the directory itself)
+                d["member"] = member
         if kind == TENSOR:
             d["served"] = served = self._reader(row) is not None
             if not served and not (d.get("error") or d.get("unsupported")):
@@ -321,8 +372,12 @@ class TreeView:
                 e["original"] = [_jsonable(p) for p in index.path(r)]
                 e["original_repr"] = repr(index.path(r))
                 entries.append(e)
-            doc = {"format": "ckptfs-index", "version": 1, "checkpoint": self.catalog.name,
-                   "byteorder": self.catalog.members[0].container.byteorder, "entries": entries}
+            doc: dict[str, Any] = {"format": "ckptfs-index", "version": 1, "checkpoint": self.catalog.name,
+                                   "checkpoint_format": self.catalog.format,
+                                   "byteorder": self.catalog.members[0].container.byteorder, "entries": entries}
+            files = [(node, a) for node, a in self._attached.items() if a.group == "file"]
+            if files:
+                doc["files"] = [{"path": a.path, "file": tree.path(node), "size": a.size} for node, a in files]
             self._index_json = _json_bytes(doc, compact=True) + b"\n"
         return self._index_json
 
