@@ -53,6 +53,12 @@ class Container(Protocol):
         """The root object, as inert data (raises a CkptfsError naming the record on failure)."""
         ...
 
+    def pickles(self) -> Sequence[bytes]:
+        """The pickles :meth:`object_graph` will unpickle, read now (so that a catalog of many files checks
+        them together: :func:`ckptfs.pickle.unpickler.probed_together`); () when there are none, or when
+        they are read as a stream."""
+        ...
+
     def bind(self, refs: Mapping[str, StorageRef]) -> None:
         """Called once the graph's storages are known (the legacy stream locates its storages only then)."""
         ...

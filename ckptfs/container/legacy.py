@@ -140,6 +140,9 @@ class LegacyStream:
         return graph
 
     # --- storages --------------------------------------------------------------------------------------
+    def pickles(self) -> Sequence[bytes]:
+        return ()
+
     def bind(self, refs: Mapping[str, StorageRef]) -> None:
         """Locate every storage once the pickle's references (dtype, numel) are known."""
         if self.bound:

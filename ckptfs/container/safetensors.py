@@ -222,6 +222,9 @@ class SafetensorsFile:
             raise TensorError("no such tensor in the header", file=self.source.name, record=key)
         return e
 
+    def pickles(self) -> Sequence[bytes]:
+        return ()
+
     def bind(self, refs: Mapping[str, StorageRef]) -> None:
         return None
 

@@ -24,6 +24,7 @@ class TorchZip:
         self.source = source
         self.limits = limits
         self.archive = ZipArchive(source, limits)
+        self._pickle: bytes | None = None
         self.pickle_record = self._pickle_record()
         self.byteorder = self._byteorder()
         self.info = self._info()
@@ -65,6 +66,11 @@ class TorchZip:
         info["methods"] = sorted(methods)
         return info
 
+    def pickles(self) -> Sequence[bytes]:
+        if self._pickle is None:
+            self._pickle = self.pickle_bytes()
+        return (self._pickle,)
+
     def pickle_bytes(self) -> bytes:
         rec = self.pickle_record
         try:
@@ -78,7 +84,8 @@ class TorchZip:
     def object_graph(self, strict: bool, key_prefix: str | None = None) -> ObjectGraph:
         """``key_prefix`` goes before every storage key of the graph (several archives indexed as one)."""
         record = self.archive.root + self.pickle_record.name
-        data = self.pickle_bytes()
+        data = self._pickle if self._pickle is not None else self.pickle_bytes()
+        self._pickle = None  # (read in advance by pickles(): not kept once unpickled)
         obj, up = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record,
                            key_prefix=key_prefix)
         graph = ObjectGraph([obj], record, dict(up.unknown_globals))

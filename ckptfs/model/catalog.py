@@ -36,7 +36,7 @@ from ..container.base import Attachment
 from ..errors import CkptfsError, FormatError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import TensorNode
-from ..pickle.unpickler import gc_paused
+from ..pickle.unpickler import gc_paused, probed_together
 from ..source import ByteSource, open_source
 from .convert import Converter
 from .index import COMPOSITE, LINK, TENSOR, Group, Index
@@ -124,25 +124,31 @@ class Catalog:
         n = len(sources)
         group = Group(flat=list(range(n))) if flat else Group(named=[(m, i) for i, (m, _) in enumerate(sources)])
         openers = [(m, _file_opener(src, limits)) for m, src in sources]
-        return cls.assemble(openers, group, name=name, strict=strict, limits=limits, owned=[s for _, s in sources])
+        local = all(src.region() is not None for _, src in sources)  # page-cache reads: threads only cost
+        return cls.assemble(openers, group, name=name, strict=strict, limits=limits, owned=[s for _, s in sources],
+                            concurrency=1 if local else MAX_OPENERS)
 
     @classmethod
     def assemble(cls, openers: Sequence[tuple[str, Callable[[], Container]]], group: Group, *, name: str,
                  strict: bool = False, limits: Limits = DEFAULT_LIMITS, owned: Sequence[ByteSource] = (),
                  files: Sequence[Attachment] = (), layout: Mapping[str, Any] | None = None,
-                 tolerant: bool = False) -> Catalog:
+                 tolerant: bool = False, concurrency: int = MAX_OPENERS) -> Catalog:
         """A catalog of members ``(member name, opener)`` laid out by ``group``. Each opener returns the
         member's container (they run concurrently); ``owned`` sources are closed if this fails (the
         containers that opened are closed too). ``tolerant``: a member that fails to open or index is left
-        out and its error listed in :attr:`problems` (as ``(member name, error)``), instead of failing all."""
+        out and its error listed in :attr:`problems` (as ``(member name, error)``), instead of failing all.
+        ``concurrency``: how many openers run at once (1: in this thread, one after the other)."""
         if not openers:
             raise FormatError("no checkpoint files to open", file=name)
         containers: list[Container | None] = [None] * len(openers)
         failed: dict[int, CkptfsError] = {}
 
+        pickles: list[bytes] = []
+
         def open_one(i: int) -> None:
             try:
-                containers[i] = openers[i][1]()
+                containers[i] = c = openers[i][1]()
+                pickles.extend(c.pickles())  # read now, in this thread; checked together below
             except CkptfsError as e:
                 if not tolerant:
                     raise
@@ -151,16 +157,17 @@ class Catalog:
         try:
             # the containers' I/O (end records, directories, headers) concurrently; unpickling stays in this
             # thread (the unpickling probe forks, which a process must not do while other threads run)
-            if len(openers) == 1:
-                open_one(0)
+            if len(openers) == 1 or concurrency <= 1:
+                for i in range(len(openers)):
+                    open_one(i)
             else:
-                with ThreadPoolExecutor(min(MAX_OPENERS, len(openers)), thread_name_prefix="ckptfs-open") as pool:
+                with ThreadPoolExecutor(min(concurrency, len(openers)), thread_name_prefix="ckptfs-open") as pool:
                     for future in [pool.submit(open_one, i) for i in range(len(openers))]:
                         future.result()  # the first failure, in member order
             members: list[Member] = []
             roots: list[tuple[str, object, Converter]] = []
             kept: dict[int, int] = {}  # opener number -> member number
-            with gc_paused():
+            with gc_paused(), probed_together(pickles, limits):
                 for i, ((member_name, _), container) in enumerate(zip(openers, containers, strict=False)):
                     if container is None:
                         continue

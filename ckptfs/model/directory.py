@@ -98,7 +98,7 @@ def open_directory(directory: Directory, *, strict: bool = False, limits: Limits
                           f"{', '.join(CHECKPOINT_SUFFIXES)} files)", file=directory.name)
     tolerant = layout["format"] == "directory"
     catalog = Catalog.assemble(plan.openers, group, name=directory.name, strict=strict, limits=limits,
-                               layout=layout, tolerant=tolerant)
+                               layout=layout, tolerant=tolerant, concurrency=directory.concurrency)
     try:
         for index in plan.indexes:
             cross_check(catalog, index, directory.display(index.path))

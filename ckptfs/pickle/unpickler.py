@@ -20,7 +20,7 @@ import pickletools
 import select
 import signal
 import time
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from ..errors import CkptfsError, LimitError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits, memory_now
@@ -68,8 +68,13 @@ class SafeUnpickler(pickle.Unpickler):
 
     def load(self) -> object:
         """Unpickle the next pickle: first in a forked child (see :func:`probe`), then here."""
-        if self.limits.unpickle_probe and not _plainly_bounded(self):
-            probe(self, self._size_hint)
+        if self.limits.unpickle_probe:
+            known = _PROBED.get(id(self._data)) if self._data is not None else None
+            if known is not None and known[0] is self._data:  # probed with others (probed_together)
+                if known[1] is not None:
+                    raise type(known[1])(known[1].reason)
+            elif not _plainly_bounded(self):
+                probe(self, self._size_hint)
         return super().load()
 
     def find_class(self, module: str, name: str) -> object:
@@ -241,6 +246,176 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
     how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ else \
         f"status {status}"
     raise UnsafePickleError(f"the pickle crashes the unpickler ({how}; a tuple nested too deeply to hash?)")
+
+
+# --- probing many pickles at once ------------------------------------------------------------------------
+#
+# A directory of N torch files has N pickles: one probe each costs N forks (~8 ms each here). Probed together,
+# they cost one fork: one child unpickles them in turn and reports each result as it goes. A pickle the child
+# cannot finish (a crash, a timeout, memory) is probed again alone when others came before it in that child
+# (its memory was the child's, not its own); the next ones go to a new child.
+
+_PROBED: dict[int, tuple[object, CkptfsError | None]] = {}  # id(pickle bytes) -> (the bytes, the error)
+
+
+@contextlib.contextmanager
+def probed_together(datas: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Iterator[None]:
+    """Probe ``datas`` (pickles about to be unpickled, whole) in as few forked children as possible; inside
+    the block, unpickling one of these very bytes objects skips its own probe (and raises what the probe
+    found, if anything)."""
+    todo: list[bytes] = []
+    if limits.unpickle_probe and hasattr(os, "fork") and len(datas) > 1:
+        # (no _plainly_bounded scan: the one fork is paid anyway, and the child makes short work of small ones)
+        todo = [d for d in datas if id(d) not in _PROBED]
+    results = probe_many(todo, limits)
+    for d, err in zip(todo, results, strict=False):
+        _PROBED[id(d)] = (d, err)
+    try:
+        yield
+    finally:
+        for d in todo:
+            _PROBED.pop(id(d), None)
+
+
+def probe_many(datas: Sequence[bytes], limits: Limits) -> list[CkptfsError | None]:
+    """For each pickle, the error its unpickling ends in (a limit, a crash, a timeout) or None."""
+    out: list[CkptfsError | None] = [None] * len(datas)
+    i = 0
+    while i < len(datas):
+        done, failure = _probe_batch(datas[i:], limits)
+        for j, err in enumerate(done):
+            out[i + j] = err
+        i += len(done)
+        if failure is None:
+            continue
+        if done:  # it failed after others: probe it alone
+            out[i] = probe_many([datas[i]], limits)[0] if len(datas) > 1 else failure
+        else:
+            out[i] = failure
+        i += 1
+    return out
+
+
+def _probe_batch(datas: Sequence[bytes], limits: Limits) -> tuple[list[CkptfsError | None], CkptfsError | None]:
+    """One child unpickles ``datas`` in turn: the results of those it finished, and the error of the one it
+    could not finish (None when it finished all)."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(r)
+        os.close(w)
+        raise LimitError(f"cannot fork the unpickling probe ({e.strerror}); Limits(unpickle_probe=False) "
+                         "skips it for trusted files") from None
+    if pid == 0:  # the child: never returns
+        _batch_child(datas, limits, r, w)
+    os.close(w)
+    done: list[CkptfsError | None] = []
+    failure: CkptfsError | None = None
+    buf = b""
+    try:
+        poller = select.poll()
+        poller.register(r, select.POLLIN | select.POLLHUP)
+        for data in datas:
+            timeout = limits.max_unpickle_seconds + len(data) / (1 << 20)
+            deadline = time.monotonic() + timeout
+            while len(buf) < 5 or len(buf) < 5 + int.from_bytes(buf[1:5], "little"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    failure = LimitError(f"unpickling did not finish within {timeout:.1f} s (a tuple whose hashing "
+                                         "explodes? raise Limits.max_unpickle_seconds to wait longer)")
+                    break
+                if not poller.poll(left * 1000):
+                    continue
+                chunk = os.read(r, 65536)
+                if not chunk:  # the child died on this one
+                    os.close(r)
+                    r = -1
+                    status = _reap(pid)
+                    pid = 0
+                    failure = _crash(status)
+                    break
+                buf += chunk
+            if failure is not None:
+                break
+            n = 5 + int.from_bytes(buf[1:5], "little")
+            msg, buf = buf[:1] + buf[5:n], buf[n:]
+            done.append(_outcome(msg, limits))
+        if pid and failure is None:
+            _reap_later(pid)
+            pid = 0
+    finally:
+        if r >= 0:
+            os.close(r)
+        if pid:  # timed out or interrupted: the child must not outlive us
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(pid)
+    return done, failure
+
+
+def _batch_child(datas: Sequence[bytes], limits: Limits, r: int, w: int) -> None:
+    try:
+        os.close(r)
+        _quiet_and_capped(limits)
+        for data in datas:
+            code = _OTHER
+            try:
+                up = SafeUnpickler(data, limits=limits)
+                with gc_paused():
+                    pickle.Unpickler.load(up)
+                code = _OK
+            except CkptfsError as e:
+                code = _CKPTFS + type(e).__name__.encode() + b"\0" + e.reason.encode("utf-8", "backslashreplace")[:2000]
+            except MemoryError:
+                code = _MEMORY
+            except BaseException:  # noqa: BLE001 - the parent's own load raises it again, precisely
+                code = _OTHER
+            up = None  # type: ignore[assignment]  # its memo: free it before the next one
+            os.write(w, code[:1] + len(code[1:]).to_bytes(4, "little") + code[1:])
+    finally:
+        os._exit(0)
+
+
+def _outcome(msg: bytes, limits: Limits) -> CkptfsError | None:
+    kind, body = msg[:1], msg[1:]
+    if kind == _CKPTFS:
+        name, _, reason = body.partition(b"\0")
+        cls = {"LimitError": LimitError, "UnsafePickleError": UnsafePickleError}.get(name.decode(), CkptfsError)
+        return cls(reason.decode("utf-8", "backslashreplace"))
+    if kind == _MEMORY:
+        return LimitError(f"unpickling needs more than {limits.max_memory >> 20} MiB of memory "
+                          "(raise Limits.max_memory to index it)")
+    return None
+
+
+def _crash(status: int | None) -> UnsafePickleError:
+    sig = -status if status is not None and status < 0 else None
+    how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ else \
+        f"status {status}"
+    return UnsafePickleError(f"the pickle crashes the unpickler ({how}; a tuple nested too deeply to hash?)")
+
+
+def _quiet_and_capped(limits: Limits) -> None:
+    """In a probe child: nothing it prints reaches the caller's terminal; its address space is capped."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    except OSError:
+        pass
+    now = memory_now()
+    if now is not None:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = now[0] + limits.max_memory
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if soft == resource.RLIM_INFINITY or cap < soft:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
 def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:

@@ -45,6 +45,9 @@ class Directory(Protocol):
 
     #: Shown in messages (a path, or a URL without credentials).
     name: str
+    #: How many of its files are worth opening at once: 1 where a read costs little (local files: threads
+    #: only add overhead), more where each open is a round trip (remote listings).
+    concurrency: int
 
     def list(self, path: str = "") -> list[DirEntry]:
         """The entries of the subdirectory ``path`` ("" for this directory), sorted by name."""
@@ -85,6 +88,8 @@ class LocalDirectory:
     """A local directory. Files are opened by their real path once it is known to lie inside the directory
     (or, for a Hugging Face cache snapshot, inside the repository's ``blobs/``); their ``name`` in messages
     is the path as listed."""
+
+    concurrency = 1
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.name = os.fspath(path)

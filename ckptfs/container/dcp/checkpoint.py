@@ -196,6 +196,9 @@ class DcpCheckpoint:
         node[path[-1]] = value
 
     # --- storages -----------------------------------------------------------------------------------
+    def pickles(self) -> Sequence[bytes]:
+        return ()
+
     def bind(self, refs: Mapping[str, StorageRef]) -> None:
         return None
 
