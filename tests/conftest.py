@@ -13,6 +13,9 @@ from typing import Iterator
 import pytest
 from helpers import Mounter, require_fuse
 
+#: fixtures of the directory formats (DCP, sharded checkpoints), written by the real writers
+pytest_plugins = ["formats_fixtures"]
+
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Mounter]:

@@ -122,6 +122,23 @@ class Checkpoint:
                 out[a.path] = a.open().pread(0, a.size)
         return out
 
+    def other_files(self) -> dict[str, int]:
+        """A checkpoint directory's other files (config.json, tokenizer files, the index ...): path relative
+        to the directory -> size. {} for a single file."""
+        return {a.path: a.size for a in self.catalog.files}
+
+    def read_other_file(self, path: str, offset: int = 0, size: int = -1) -> bytes:
+        """Bytes of one of :meth:`other_files`, as stored (read when asked, never kept)."""
+        for a in self.catalog.files:
+            if a.path == path:
+                source = a.open()
+                try:
+                    n = a.size - offset if size < 0 else min(size, max(0, a.size - offset))
+                    return source.pread(offset, n)
+                finally:
+                    source.close()
+        raise KeyError(path)
+
     # --- metadata --------------------------------------------------------------------------------------
     def meta(self, key: Key) -> Meta:
         return self.catalog.meta(self.row(key))

@@ -2,8 +2,8 @@
 
 The header maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative
 to the end of the header) and may hold ``"__metadata__": {str: str}``. It is validated as strictly as the
-safetensors library does (safetensors/src/tensor.rs): N at most 100,000,000; the header valid UTF-8 JSON
-starting with ``{``; every field of the expected type; entries sorted by offsets begin at 0 and follow each
+safetensors library does (safetensors/src/tensor.rs, as of safetensors 0.8): N at most 100,000,000; the
+header valid UTF-8 JSON holding an object; every field of the expected type (other fields are ignored); entries sorted by offsets begin at 0 and follow each
 other with no gap and no overlap; ``end - begin = numel x bits / 8`` (a whole number of bytes); and
 ``8 + N + last end`` is exactly the file's length. One rule is stricter than the library's: a name that
 appears twice (in the header, or in an entry) is refused, where the library keeps the last one.
@@ -45,11 +45,11 @@ UINT8 = DTYPES["uint8"]
 
 
 def is_safetensors(head: bytes, size: int) -> bool:
-    """The first bytes look like a safetensors file: a header length that fits the file, then ``{``."""
-    if len(head) < 9 or head[8:9] != b"{":
+    """The first bytes look like a safetensors file: a header length, then ``{`` (after JSON whitespace,
+    which the library accepts). Whether the length fits the file is the container's to say."""
+    if len(head) < 9 or not head[8:].lstrip(b" \t\r\n").startswith(b"{"):
         return False
-    n = int.from_bytes(head[:8], "little")
-    return 2 <= n <= size - 8
+    return int.from_bytes(head[:8], "little") >= 2
 
 
 class _Duplicate(Exception):
@@ -109,16 +109,14 @@ class SafetensorsFile:
             raise self._fail(f"too short for a safetensors file ({size} bytes)")
         n = int.from_bytes(read_exact(self.source, 0, 8, "the header length"), "little")
         if n > MAX_HEADER:
-            raise self._fail(f"header length {n} is over the format's limit of {MAX_HEADER} bytes")
+            raise self._fail(f"safetensors header length {n} is over the format's limit of {MAX_HEADER} bytes")
         if 8 + n > size:
-            raise self._fail(f"header length {n} runs past the end of the file ({size} bytes)")
+            raise self._fail(f"safetensors header length {n} runs past the end of the file ({size} bytes)")
         raw = read_exact(self.source, 8, n, "the header")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise self._fail(f"header is not UTF-8 (byte {e.start})") from None
-        if not text.startswith("{"):
-            raise self._fail("header does not start with '{'")
         try:
             doc = json.loads(text, object_pairs_hook=_pairs)
         except _Duplicate as e:

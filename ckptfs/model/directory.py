@@ -56,6 +56,7 @@ class _Plan:
     files: list[DirEntry] = field(default_factory=list)
     indexes: list[ShardIndex] = field(default_factory=list)
     entries: dict[str, DirEntry] = field(default_factory=dict)  # member files, by path
+    refused: list[DirEntry] = field(default_factory=list)  # symlinks out, dangling symlinks, devices ...
     counted: int = 0
 
     def add_file_member(self, entry: DirEntry) -> int:
@@ -81,12 +82,14 @@ class _Plan:
         return len(self.openers) - 1
 
     def listing(self, path: str) -> list[DirEntry]:
+        """The entries of ``path`` that may be opened (the others are kept in ``refused``)."""
         entries = self.directory.list(path)
         self.counted += len(entries)
         if self.counted > self.limits.max_records:
             raise LimitError(f"more than {self.limits.max_records} files in the directory",
                              file=self.directory.name)
-        return entries
+        self.refused += [e for e in entries if e.refused]
+        return [e for e in entries if not e.refused]
 
 
 def open_directory(directory: Directory, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS) -> Catalog:
@@ -105,6 +108,8 @@ def open_directory(directory: Directory, *, strict: bool = False, limits: Limits
     except BaseException:
         catalog.close()
         raise
+    catalog.problems += [(e.path, FormatError(f"refused: {e.refused}", file=directory.display(e.path)))
+                         for e in plan.refused]
     failed = [plan.entries[name] for name, _ in catalog.problems if name in plan.entries]
     other = plan.files + failed
     catalog.files = [_attachment(directory, e) for e in sorted(other, key=lambda e: e.path)]
@@ -170,10 +175,13 @@ def _sharded(plan: _Plan, path: str, entries: list[DirEntry], index_files: list[
     group = Group()
     consumed: set[str] = set()
     shards = 0
+    refused = {e.path: e.refused for e in plan.refused}
     for e in chosen:
         index = read_index(plan.directory, e.path, plan.limits)
         sub = Group()
         for shard in index.shards:
+            if shard in refused:
+                raise FormatError(f"refused: the shard {shard}: {refused[shard]}", file=plan.directory.display(e.path))
             if shard not in available and not _exists(plan.directory, shard):
                 key = next(k for k, s in index.weight_map.items() if s == shard)
                 raise FormatError(f"the shard {shard} that the index maps keys to is missing",

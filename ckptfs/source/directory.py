@@ -33,6 +33,8 @@ class DirEntry:
     path: str
     size: int
     is_dir: bool
+    #: why the entry is not to be opened (a symlink out of the directory), or None
+    refused: str | None = None
 
     @property
     def name(self) -> str:
@@ -131,10 +133,16 @@ class LocalDirectory:
                 for e in it:
                     try:
                         st = e.stat(follow_symlinks=True)
-                    except OSError:  # a dangling symlink: listed, and refused when opened
-                        out.append(DirEntry(prefix + e.name, 0, False))
+                    except OSError:  # a dangling symlink
+                        out.append(DirEntry(prefix + e.name, 0, False, "a symlink to nothing"))
                         continue
-                    out.append(DirEntry(prefix + e.name, st.st_size, stat.S_ISDIR(st.st_mode)))
+                    refused = None
+                    if e.is_symlink() and not self._inside(os.path.realpath(e.path)):
+                        refused = "a symlink leads outside the directory"
+                    is_dir = stat.S_ISDIR(st.st_mode)
+                    if not is_dir and not stat.S_ISREG(st.st_mode):
+                        refused = refused or "not a regular file"
+                    out.append(DirEntry(prefix + e.name, 0 if refused else st.st_size, is_dir, refused))
         except OSError as e:
             raise CkptfsError(e.strerror or str(e), file=self.display(path)) from None
         out.sort(key=lambda d: d.path)
