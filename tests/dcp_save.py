@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,9 @@ def single(out: str) -> None:
                   "empty": torch.zeros(0, 3), "half": torch.randn(3, 3, generator=g).half()},
         "listed": [torch.ones(2), torch.zeros(3)],
         "epoch": 3, "lr": 0.5, "name": "run-1", "tags": ["a", "b"], "nothing": None, "raw": b"\x00\x01",
+        # objects DCP does not look into are values: torch.save'd whole, tensors and all
+        "objects": {"ns": types.SimpleNamespace(w=torch.arange(6.0).reshape(2, 3), k="v"),
+                    "pair": {1: torch.ones(2, dtype=torch.int8)}.items().__iter__().__next__()},
     }
     dcp.save(sd, checkpoint_id=os.path.join(out, "w1"), no_dist=True)
 

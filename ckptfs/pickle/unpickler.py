@@ -47,6 +47,11 @@ class SafeUnpickler(pickle.Unpickler):
         # read() once per opcode (4x faster on torch's state_dict pickles). A stream given instead of
         # bytes (the legacy format's main pickle, whose end is only known once read) must have peek()
         # too; the unpickler leaves it positioned just after STOP.
+        # persistent_load is looked up when the C unpickler is initialised: set before super().__init__
+        if not persistent_ids:
+            self.persistent_load = _no_persistent_ids  # type: ignore[assignment]
+        elif key_prefix is not None:
+            self.persistent_load = _prefixed(key_prefix)  # type: ignore[assignment]
         stream: io.BufferedIOBase
         if isinstance(data, (bytes, bytearray, memoryview)):
             stream = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
@@ -57,10 +62,6 @@ class SafeUnpickler(pickle.Unpickler):
         self.limits = limits
         self.allowlist = allowlist
         self.refusal = refusal
-        if not persistent_ids:
-            self.persistent_load = _no_persistent_ids  # type: ignore[assignment]
-        elif key_prefix is not None:
-            self.persistent_load = _prefixed(key_prefix)  # type: ignore[assignment]
         self.unknown_globals: dict[str, int] = {}  # qualified name -> times referenced
         self._stream = stream
         self._data = data if isinstance(data, (bytes, bytearray, memoryview)) else None

@@ -1,0 +1,327 @@
+"""torch.distributed.checkpoint directories (written by dcp.save with world sizes 1, 2 and 4, zstd, FSDP2):
+every entry as torch's own ``dcp_to_torch_save`` gives it; ``.metadata`` read without torch through a closed
+allowlist; chunked tensors assembled as one; hostile metadata and items refused with one-line errors."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import lookup, run_ckptfs, torch_bytes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+import ckptfs
+from ckptfs.errors import CkptfsError, FormatError, TensorError, UnsafePickleError
+
+CHECKPOINTS = ["w1", "w2", "w4", "w4z", "fsdp"]
+
+
+def torch_reference(d: Path, tmp: Path) -> dict:
+    """What torch's own converter gives for the checkpoint (loaded back from its output)."""
+    out = tmp / f"{d.name}-ref.pt"
+    dcp_to_torch_save(d, out)
+    return torch.load(out, weights_only=False)
+
+
+def _walk(obj: object, path: tuple = ()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, path + (k,))
+    elif isinstance(obj, (list, tuple)):  # (ckptfs's tree has their items as entries)
+        for i, v in enumerate(obj):
+            yield from _walk(v, path + (i,))
+    elif not isinstance(obj, torch.Tensor) and hasattr(obj, "__dict__"):  # an object: its attributes
+        for k, v in vars(obj).items():
+            yield from _walk(v, path + (k,))
+    else:
+        yield path, obj
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_every_entry_as_dcp_to_torch_save_gives_it(dcp_checkpoints: Path, tmp_path: Path, name: str) -> None:
+    d = dcp_checkpoints / name
+    want = torch_reference(d, tmp_path)
+    expected = dict(_walk(want))
+    with ckptfs.open(d) as ckpt:
+        assert ckpt.format == "dcp"
+        index = ckpt.index
+        got = {index.path(i): i for i in index.leaves()}
+        assert set(got) == set(expected), set(got) ^ set(expected)
+        for path, value in expected.items():
+            row = got[path]
+            if isinstance(value, torch.Tensor):
+                m = ckpt.catalog.meta(row)
+                assert (m.dtype, m.shape) == (str(value.dtype).removeprefix("torch."), tuple(value.shape)), path
+                assert ckpt.catalog.data(row).read() == torch_bytes(value), path
+            else:
+                assert ckpt.value(path) == value and type(ckpt.value(path)) is type(value), path
+
+
+def test_chunked_tensors_are_one_tensor_each(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    """A Shard(0) / Shard(1) / 2-D-mesh / uneven tensor is one tensor of its full shape; its sidecar lists
+    the chunks as torch's own metadata reader gives them."""
+    d = dcp_checkpoints / "w4"
+    md = FileSystemReader(d).read_metadata()
+    want = torch_reference(d, tmp_path)
+    with ckptfs.open(d) as ckpt:
+        for key, assembly, n in (("model.rows", "ranges", 4), ("model.cols", "gather", 4),
+                                 ("model.grid", "gather", 4), ("model.uneven", "ranges", 4),
+                                 ("model.cube", "gather", 4), ("model.rep", None, 1)):
+            ckpt.read(key, 0, 1)  # the tensor's chunks are opened on first read
+            extra = ckpt.meta(key).extra
+            chunks = extra["chunks"]
+            tmd = md.state_dict_metadata[key]
+            assert [(c["offsets"], c["sizes"]) for c in chunks] == \
+                [(list(c.offsets), list(c.sizes)) for c in tmd.chunks], key
+            for c in chunks:
+                info = next(v for k, v in md.storage_data.items() if k.fqn == key and list(k.offset) == c["offsets"])
+                assert (c["file"], c["offset"], c["length"]) == (info.relative_path, info.offset, info.length)
+            assert len(chunks) == n and extra.get("assembly") == assembly, key
+            full = lookup(want, tuple(key.split(".")))
+            assert ckpt.read(key) == torch_bytes(full), key
+            # reads at odd offsets and lengths cut across chunks and elements
+            data = torch_bytes(full)
+            for off, size in ((1, 5), (7, 33), (len(data) // 3, len(data) // 2), (len(data) - 3, 10)):
+                assert ckpt.read(key, off, size) == data[off : off + size], (key, off, size)
+
+
+def test_one_contiguous_chunk_is_served_from_the_file(dcp_checkpoints: Path) -> None:
+    """A tensor saved whole and contiguous is a range of its item's record: numpy() maps it."""
+    with ckptfs.open(dcp_checkpoints / "w1") as ckpt:
+        r = ckpt.reader("model.0.weight")
+        assert ckpt.mapped(r) is not None
+        assert not ckpt.numpy("model.0.weight").flags.owndata
+        # a transposed view was saved with its strides: a gather, the values as torch gives them
+        assert ckpt.mapped(ckpt.reader("views.transposed")) is None
+
+
+def test_zstd_items_are_decompressed(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = dcp_checkpoints / "w4z"
+    md = FileSystemReader(d).read_metadata()
+    assert all(v.transform_descriptors == ["stream.zstd/1"] for v in md.storage_data.values())
+    with ckptfs.open(d) as ckpt:
+        info = ckpt.info()
+        assert info["container"]["compressed_entries"] == len(md.state_dict_metadata)
+        assert ckpt.meta("model.cols").extra["chunks"][0]["transforms"] == ["stream.zstd/1"]
+
+
+def test_load_info_and_check(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = dcp_checkpoints / "fsdp"
+    want = torch_reference(d, tmp_path)
+    sd = ckptfs.load(d)
+    for path, value in _walk(want):
+        got = lookup(sd, path)
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and torch.equal(got, value), path
+        else:
+            assert got == value, path
+    r = run_ckptfs("info", str(d))
+    assert r.returncode == 0 and "format      dcp (torch.distributed.checkpoint" in r.stdout, r.stderr
+    r = run_ckptfs("check", str(dcp_checkpoints / "w4"))
+    assert r.returncode == 0 and "10 tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
+    r = run_ckptfs("ls", str(dcp_checkpoints / "w2"))
+    assert r.returncode == 0 and "meta.epoch" in r.stdout and "[8, 6]" in r.stdout
+
+
+# --- hostile metadata ------------------------------------------------------------------------------------------
+
+
+def copy(dcp_checkpoints: Path, tmp_path: Path, name: str = "w2") -> Path:
+    d = tmp_path / name
+    shutil.copytree(dcp_checkpoints / name, d)
+    return d
+
+
+def edit_metadata(d: Path, change) -> None:
+    """Change torch's own Metadata object and pickle it back, as torch writes it."""
+    md = FileSystemReader(d).read_metadata()
+    md.storage_meta = None
+    change(md)
+    with open(d / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+
+
+class Gadget:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("what", ["posix.system", "collections.OrderedDict", "builtins.eval"])
+def test_a_metadata_naming_another_class_is_refused(dcp_checkpoints: Path, tmp_path: Path, what: str) -> None:
+    import collections
+
+    d = copy(dcp_checkpoints, tmp_path)
+    marker = tmp_path / "pwned"
+
+    def change(md):
+        if what == "posix.system":
+            md.planner_data["rows"] = Gadget(str(marker))
+        elif what == "collections.OrderedDict":
+            md.planner_data = collections.OrderedDict(md.planner_data)
+        else:
+            md.storage_meta = eval  # a global function as a value
+
+    edit_metadata(d, change)
+    with pytest.raises(UnsafePickleError) as e:
+        ckptfs.open(d)
+    assert f"global {what} is not one of the DCP metadata classes" in str(e.value)
+    assert ".metadata" in str(e.value) and not marker.exists()
+
+
+@pytest.mark.parametrize("raw, said", [
+    (b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x8c\x08Metadata\x93\x8c\x01x\x85R.", "made with arguments"),
+    (b"\x80\x04\x8c\x03pidQ.", "a persistent id in a pickle that has none"),
+    (b"\x80\x04\x8c%torch.distributed.checkpoint.metadata\x8c\x08Metadata\x93)\x81}b}b.", "BUILD applied twice"),
+    (b"\x80\x04}.", "not a Metadata"),
+], ids=["called", "persistent-id", "built-twice", "a-dict"])
+def test_metadata_that_does_not_follow_the_classes_is_refused(dcp_checkpoints: Path, tmp_path: Path, raw: bytes,
+                                                              said: str) -> None:
+    d = copy(dcp_checkpoints, tmp_path)
+    (d / ".metadata").write_bytes(raw)
+    with pytest.raises(CkptfsError, match=said):
+        ckptfs.open(d)
+
+
+def test_chunks_that_overlap_or_leave_holes(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    """An error on that tensor alone: the others are served."""
+    d = copy(dcp_checkpoints, tmp_path)
+
+    def change(md):
+        md.state_dict_metadata["rows"].chunks[1].offsets = torch.Size([3, 0])  # rows 3 read twice
+        md.state_dict_metadata["cols"].chunks.pop()  # columns 4..7 in no chunk
+
+    edit_metadata(d, change)
+    with ckptfs.open(d) as ckpt:
+        assert "chunks overlap (at element [3, 0])" in ckpt.meta("rows").error
+        assert "the chunks leave a hole (element [0, 4] is in none of them)" in ckpt.meta("cols").error
+        with pytest.raises(TensorError, match="chunks overlap"):
+            ckpt.read("rows")
+        want = FileSystemReader  # the untouched tensor still reads
+        assert ckpt.read("rep") == torch_bytes(torch.arange(5, dtype=torch.int64)), want
+
+
+def test_lying_item_offsets(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = copy(dcp_checkpoints, tmp_path)
+    size = (d / "__1_0.distcp").stat().st_size
+
+    def change(md):
+        for k, v in md.storage_data.items():
+            if k.fqn == "rows" and list(k.offset) == [4, 0]:
+                v.offset = size - 10  # past the end of its file
+            if k.fqn == "cols" and list(k.offset) == [0, 4]:
+                other = next(v2 for k2, v2 in md.storage_data.items() if k2.fqn == "rep")
+                v.relative_path, v.offset, v.length = other.relative_path, other.offset, other.length
+            if k.fqn == "uneven" and list(k.offset) == [0, 0]:
+                v.offset, v.length = v.offset + 1, v.length - 1  # not at the item's start: not a zip there
+
+    edit_metadata(d, change)
+    with ckptfs.open(d) as ckpt:
+        assert "past its end" in ckpt.meta("rows").error
+        with pytest.raises(TensorError, match="holds int64, the metadata says bfloat16"):
+            ckpt.read("cols")
+        with pytest.raises(TensorError, match=r"item __0_0.distcp@\d+: "):
+            ckpt.read("uneven")
+        assert ckpt.value("meta.epoch") == 2
+
+
+def test_missing_data_file_and_unknown_transform(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = copy(dcp_checkpoints, tmp_path, "w4")
+
+    def change(md):
+        for k, v in md.storage_data.items():
+            if k.fqn == "model.rows":
+                v.transform_descriptors = ["stream.brotli/1"]
+            if k.fqn == "step":
+                v.relative_path = "__9_0.distcp"
+
+    edit_metadata(d, change)
+    with ckptfs.open(d) as ckpt:
+        with pytest.raises(CkptfsError, match="item transform 'stream.brotli/1' is not supported"):
+            ckpt.read("model.rows")
+        unreadable = ckpt.meta("step")
+        assert unreadable.type == "ckptfs.unreadable_value()"
+        assert "'__9_0.distcp', which is not a file here" in ckpt.value(("step", "__args__", 0))
+        assert ckpt.read("model.rep") == torch_bytes(torch.arange(5, dtype=torch.int64))
+
+
+def test_planner_data_through_a_value_and_metadata_over_the_limit(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = copy(dcp_checkpoints, tmp_path)
+    order = list(FileSystemReader(d).read_metadata().state_dict_metadata)
+    assert order.index("rows") < order.index("uneven")
+    edit_metadata(d, lambda md: md.planner_data.__setitem__("uneven", ("rows", "uneven")))
+    with pytest.raises(FormatError, match="runs through a value"):
+        ckptfs.open(d)
+    with pytest.raises(CkptfsError, match="over the pickle limit"):
+        ckptfs.open(dcp_checkpoints / "w2", limits=ckptfs.Limits(max_pickle_bytes=100))
+
+
+def test_a_corrupt_zstd_item(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    d = copy(dcp_checkpoints, tmp_path, "w4z")
+    md = FileSystemReader(d).read_metadata()
+    info = next(v for k, v in md.storage_data.items() if k.fqn == "model.rows" and list(k.offset) == [0, 0])
+    data = bytearray((d / info.relative_path).read_bytes())
+    data[info.offset : info.offset + 4] = b"XXXX"  # the frame's magic number
+    (d / info.relative_path).write_bytes(bytes(data))
+    with ckptfs.open(d) as ckpt:
+        with pytest.raises(CkptfsError, match="corrupt zstd data"):
+            ckpt.read("model.rows")
+
+
+# --- the assembly itself, against numpy ------------------------------------------------------------------------
+
+
+@st.composite
+def tilings(draw: st.DrawFn):
+    nd = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=nd, max_size=nd)))
+    cuts = []
+    for s in shape:
+        inner = draw(st.sets(st.integers(1, max(1, s - 1)), max_size=2)) if s > 1 else set()
+        b = sorted({0, s, *inner})
+        cuts.append([(b[i], b[i + 1] - b[i]) for i in range(len(b) - 1)])
+    strided = draw(st.lists(st.booleans(), min_size=1, max_size=64))
+    return shape, cuts, strided
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=tilings(), reads=st.lists(st.tuples(st.integers(0, 600), st.integers(0, 700)), min_size=1, max_size=5))
+def test_chunked_tensor_reads_equal_numpy(case, reads) -> None:
+    """Any tiling, chunks stored contiguously or transposed (with an offset), any read: the bytes numpy
+    gives for the whole array."""
+    import itertools
+
+    from ckptfs.container.dcp.chunks import ChunkData, ChunkedTensor, check_tiling
+    from ckptfs.source import BytesSource
+
+    shape, cuts, strided = case
+    full = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) * 1.5
+    chunks = []
+    for n, combo in enumerate(itertools.product(*cuts)):
+        offs, sizes = tuple(o for o, _ in combo), tuple(z for _, z in combo)
+        part = full[tuple(slice(o, o + z) for o, z in combo)]
+        if strided[n % len(strided)] and part.ndim >= 2:
+            stored = np.ascontiguousarray(part.T)  # the chunk saved as a transposed view's storage
+            strides = tuple(s // 4 for s in stored.T.strides)
+            data, base = b"\0" * 12 + stored.tobytes(), 12
+        else:
+            stored = np.array(part, order="C")  # (ascontiguousarray would make a 0-d part 1-d)
+            data, base = stored.tobytes(), 0
+            strides = tuple(s // 4 for s in stored.strides)
+        chunks.append(ChunkData(offs, sizes, BytesSource(data), base, strides, str(offs)))
+    assert check_tiling(shape, [(c.offsets, c.sizes) for c in chunks]) is None
+    t = ChunkedTensor("x", "x", shape, 4, chunks)
+    want = full.tobytes()
+    assert t.pread(0, t.size) == want
+    for off, n in reads:
+        assert t.pread(off, n) == want[off : off + n], (off, n)
