@@ -107,6 +107,53 @@ def daemon(total_bytes: int, tensor_bytes: int) -> dict:
 KINDS = {"tiny": tiny, "big": big, "train": train, "mount": mount, "model": model, "daemon": daemon}
 
 
+# --- directories ------------------------------------------------------------------------------------------------
+
+SHARD_PARTS = (("self_attn.q_proj.weight", 1), ("self_attn.k_proj.weight", 1), ("self_attn.v_proj.weight", 1),
+               ("self_attn.o_proj.weight", 1), ("mlp.gate_proj.weight", 1), ("mlp.up_proj.weight", 1),
+               ("mlp.down_proj.weight", 1), ("input_layernorm.weight", 1), ("post_attention_layernorm.weight", 1))
+
+
+def shards(path: str, n_shards: int, layers: int, numel: int, safe: bool) -> None:
+    """A model directory as huggingface_hub's save_torch_state_dict writes it: exactly ``n_shards`` shards
+    (``model-000NN-of-000MM.safetensors`` or ``pytorch_model-...bin``) with their index, plus config.json.
+    ``layers`` x 9 equal-sized tensors of ``numel`` float32 (a shard holds the same number of each)."""
+    from huggingface_hub import save_torch_state_dict
+
+    g = _gen(7)
+    sd = {f"model.layers.{i}.{name}": _fill(numel, g).reshape(-1, 16) for i in range(layers) for name, _ in SHARD_PARTS}
+    per_shard = -(-len(sd) // n_shards)
+    os.makedirs(path)
+    save_torch_state_dict(sd, path, max_shard_size=per_shard * numel * 4, safe_serialization=safe)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"architectures": ["BenchForCausalLM"], "num_hidden_layers": layers}, f)
+    got = sum(1 for p in os.listdir(path) if p.endswith((".safetensors", ".bin")))
+    if got != n_shards:
+        raise RuntimeError(f"{got} shards written, {n_shards} wanted")
+
+
+def dcp_dir(path: str, n: int) -> None:
+    """A DCP checkpoint (dcp.save, one process) of ``n`` small tensors: n entries, n items."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore")
+    g = _gen(8)
+    sd = {f"model.layers.{i // 10}.block{i % 10}.weight": _fill(8, g) for i in range(n)}
+    dcp.save(sd, checkpoint_id=path, no_dist=True)
+
+
+DIR_KINDS = {"shards": shards, "dcp": dcp_dir}
+
+
+def tree_size(path: str) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
 def flatten_tensors(obj: Any, prefix: str = "", out: dict | None = None) -> dict:
     """Dotted keys -> tensors for every tensor in nested dicts/lists (what the .safetensors twin holds)."""
     out = {} if out is None else out
@@ -153,12 +200,14 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         if kind == "safetensors":
             to_safetensors(params["source"], path)
+        elif kind in DIR_KINDS:
+            DIR_KINDS[kind](path, **params)
         else:
             obj = KINDS[kind](**params)
             torch.save(obj, path)  # the record root is the file's basename: keep the final name
             del obj
             _fsync(path)
-        print("GEN " + json.dumps({"path": path, "size": os.path.getsize(path), "seconds": time.perf_counter() - t0}),
+        print("GEN " + json.dumps({"path": path, "size": tree_size(path), "seconds": time.perf_counter() - t0}),
               flush=True)
     return 0
 

@@ -32,6 +32,7 @@ def import_for(impl: str) -> dict[str, Any]:
     mods: dict[str, Any] = {}
     if impl.startswith("ckptfs"):
         import ckptfs
+        import ckptfs.model.directory  # noqa: F401 - what opening a directory imports: an import, not indexing
 
         mods["ckptfs"] = ckptfs
         if impl in ("ckptfs_tensor", "ckptfs_load"):
@@ -44,6 +45,8 @@ def import_for(impl: str) -> dict[str, Any]:
         import torch
 
         mods["torch"] = torch
+        if impl == "torch_dcp_metadata":
+            import torch.distributed.checkpoint  # noqa: F401
     elif impl.startswith("zipslicer"):
         import warnings
 
@@ -176,6 +179,29 @@ def op_index(spec: dict, mods: dict) -> dict:
             f = safe_open(path, framework="np")
             rows = [(k, tuple(f.get_slice(k).get_shape())) for k in f.keys()]
             keep = f
+        elif impl == "safetensors_shards":  # a sharded directory as transformers reads its metadata
+            from safetensors import safe_open
+
+            keep, rows = [], []
+            for name in sorted(os.listdir(path)):
+                if name.endswith(".safetensors"):
+                    f = safe_open(os.path.join(path, name), framework="np")
+                    rows += [(k, tuple(f.get_slice(k).get_shape())) for k in f.keys()]
+                    keep.append(f)
+        elif impl == "torch_mmap_shards":  # .bin shards as transformers loads them (mmap, weights_only)
+            torch = mods["torch"]
+            keep, rows = [], []
+            for name in sorted(os.listdir(path)):
+                if name.endswith(".bin"):
+                    sd = torch.load(os.path.join(path, name), mmap=True, weights_only=True)
+                    rows += [(k, tuple(t.shape)) for k, t in sd.items()]
+                    keep.append(sd)
+        elif impl == "torch_dcp_metadata":  # DCP's own reader of .metadata
+            from torch.distributed.checkpoint import FileSystemReader
+
+            md = FileSystemReader(path).read_metadata()
+            rows = [(k, tuple(getattr(v, "size", ()))) for k, v in md.state_dict_metadata.items()]
+            keep = md
         else:
             raise ValueError(impl)
     t1 = time.perf_counter()

@@ -12,17 +12,18 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import cases_api, cases_index, cases_mount, config, report
+from . import cases_api, cases_formats, cases_index, cases_mount, config, report
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
 # report order
 CASES = {}
-for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES):
+for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_formats.CASES):
     CASES.update(family)
 ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-warm",
          "random-4k", "memmap-cold", "memmap-warm", "transposed", "api-tensor-tiny", "api-numpy-tiny",
-         "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory"]
+         "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory",
+         "index-shards-st", "index-shards-bin", "mount-ready-30-shards", "index-dcp", "mount-ready-dcp"]
 assert sorted(ORDER) == sorted(CASES), "every case must have a place in the report"
 # the datasets each case uses (generated before the first case runs)
 NEEDS = {
@@ -32,6 +33,8 @@ NEEDS = {
     "api-tensor-tiny": ["tiny", "tiny.st"], "api-numpy-tiny": ["tiny", "tiny.st"], "api-tensor-1gb": ["big", "big.st"],
     "api-numpy-1gb": ["big", "big.st"], "load-state-dict": ["model"], "daemon-rss": ["big", "daemon"],
     "index-memory": ["huge"],
+    "index-shards-st": ["shards_st"], "index-shards-bin": ["shards_bin"],
+    "mount-ready-30-shards": ["shards_st", "shards_bin"], "index-dcp": ["dcp"], "mount-ready-dcp": ["dcp"],
 }
 assert sorted(NEEDS) == sorted(CASES)
 

@@ -29,6 +29,9 @@ class Config:
     huge_n: int               # "200k tensors"
     random_reads: int         # random 4 KiB reads per process (ckptfs, direct)
     random_reads_slow: int    # ... for ratarmount (~22 ms each)
+    shard_layers: int         # "a 30-shard directory": layers x 9 tensors over 30 shards
+    shard_numel: int
+    dcp_n: int                # "a DCP directory with 100k entries"
     extra: dict = field(default_factory=dict)
 
 
@@ -42,6 +45,7 @@ FULL = Config(
     daemon_bytes=4 * GiB, daemon_tensor_bytes=64 * MiB,
     huge_n=200_000,
     random_reads=2000, random_reads_slow=200,
+    shard_layers=80, shard_numel=4096, dcp_n=100_000,
 )
 
 QUICK = Config(
@@ -54,6 +58,7 @@ QUICK = Config(
     daemon_bytes=64 * MiB, daemon_tensor_bytes=4 * MiB,
     huge_n=10_000,
     random_reads=200, random_reads_slow=20,
+    shard_layers=10, shard_numel=256, dcp_n=2_000,
 )
 
 

@@ -45,6 +45,17 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
                 description=f"{cfg.daemon_bytes // cfg.daemon_tensor_bytes} float32 tensors of "
                             f"{cfg.daemon_tensor_bytes >> 20} MiB, {cfg.daemon_bytes / 1e9:.2f} GB in total"),
     ]
+    d += [
+        Dataset("shards_st", "shards", {"n_shards": 30, "layers": cfg.shard_layers, "numel": cfg.shard_numel,
+                                        "safe": True}, ext="d",
+                description=f"30 safetensors shards + model.safetensors.index.json ({cfg.shard_layers * 9} "
+                            f"tensors of {cfg.shard_numel} float32), written by huggingface_hub"),
+        Dataset("shards_bin", "shards", {"n_shards": 30, "layers": cfg.shard_layers, "numel": cfg.shard_numel,
+                                         "safe": False}, ext="d",
+                description="the same as 30 torch.save shards + pytorch_model.bin.index.json"),
+        Dataset("dcp", "dcp", {"n": cfg.dcp_n}, ext="d",
+                description=f"a DCP checkpoint (torch.distributed.checkpoint.save) of {cfg.dcp_n:,} entries"),
+    ]
     out = {x.name: x for x in d}
     for base in ("tiny", "big", "train"):
         out[base + ".st"] = Dataset(base + ".st", "safetensors", {"source": base}, ext="safetensors",
@@ -76,7 +87,7 @@ class DataDir:
         p = self.path(name)
         entry = self.manifest.get(name)
         return bool(entry and entry.get("key") == ds.key() and os.path.exists(p)
-                    and os.path.getsize(p) == entry.get("size"))
+                    and _tree_size(p) == entry.get("size"))
 
     def get(self, name: str) -> str:
         """The path of a dataset, generating it (and what it is converted from) if needed."""
@@ -98,7 +109,11 @@ class DataDir:
         for name in todo:
             ds = self.sets[name]
             p = self.path(name)
-            if os.path.exists(p):
+            if os.path.isdir(p):
+                import shutil
+
+                shutil.rmtree(p)
+            elif os.path.exists(p):
                 os.unlink(p)
             params = dict(ds.params)
             if ds.kind == "safetensors":
@@ -128,7 +143,13 @@ class DataDir:
             raise RuntimeError(f"generating {', '.join(todo)} failed:\n{err[-3000:]}")
 
     def size(self, name: str) -> int:
-        return os.path.getsize(self.get(name))
+        return _tree_size(self.get(name))
+
+
+def _tree_size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
 def _pkg_parent() -> str:

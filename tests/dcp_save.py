@@ -3,7 +3,8 @@
 One interpreter imports torch, writes the single-process checkpoint, then starts 4 rank processes (fork:
 they need not import torch again) that join a gloo group on CPU through a file store and write, with
 ``dcp.save``: a world-size-2 checkpoint (ranks 0-1, a subgroup), a world-size-4 one (1-D and 2-D device
-meshes), the same compressed with the zstd stream transform, and an FSDP2 (``fully_shard``) model with its
+meshes), the same compressed with the zstd stream transform and saved without rank coordination
+(``use_collectives=False``: a ``__<rank>.metadata`` per rank), and an FSDP2 (``fully_shard``) model with its
 Adam state. Every rank builds the same full tensors from a fixed seed; ``OUT/<name>.expected`` would be
 redundant: the tests read the checkpoints back with ``dcp_to_torch_save``. Tiny tensors: the whole run
 takes a few seconds after the import.
@@ -85,6 +86,8 @@ def rank_main(rank: int, out: str, store: str) -> None:
     }
     dcp.save(sd4, checkpoint_id=os.path.join(out, "w4"))
     dcp.save(sd4, storage_writer=dcp.FileSystemWriter(os.path.join(out, "w4z"), _extensions=[ZStandard()]))
+    # without rank coordination: each rank writes its own __<rank>.metadata (replicated tensors once per rank)
+    dcp.save(sd4, checkpoint_id=os.path.join(out, "w4nc"), use_collectives=False)
     # world size 2: ranks 0 and 1 in a subgroup (ranks 2 and 3 only take part in creating it)
     pair = dist.new_group([0, 1])
     if rank < 2:

@@ -98,6 +98,34 @@ def lookup(obj: Any, path: tuple) -> Any:
     return obj
 
 
+# --- a model directory (tests of sharded checkpoints) -----------------------------------------------------------
+
+def sharded_state_dict() -> dict[str, torch.Tensor]:
+    """A small transformer-like state_dict (dtypes and shapes vary; one tensor is large enough to fill a
+    shard alone)."""
+    g = torch.Generator().manual_seed(11)
+    sd = {"model.embed_tokens.weight": torch.randn(50, 16, generator=g)}
+    for i in range(3):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.q_proj.weight"] = torch.randn(16, 16, generator=g)
+        sd[p + "self_attn.k_proj.weight"] = torch.randn(8, 16, generator=g).to(torch.bfloat16)
+        sd[p + "mlp.up_proj.weight"] = torch.randn(32, 16, generator=g)
+        sd[p + "input_layernorm.weight"] = torch.ones(16)
+        sd[p + "rotary.inv_freq"] = torch.arange(8, dtype=torch.float64)
+    sd["model.norm.weight"] = torch.randn(16, generator=g).half()
+    sd["lm_head.weight"] = torch.randn(50, 16, generator=g)
+    sd["model.layers.0.counts"] = torch.arange(6, dtype=torch.int64)
+    return sd
+
+
+MODEL_FILES = {
+    "config.json": json.dumps({"architectures": ["TinyForCausalLM"], "hidden_size": 16}, indent=2).encode(),
+    "tokenizer.json": json.dumps({"version": "1.0", "model": {"vocab": {"a": 0, "b": 1}}}).encode(),
+    "tokenizer.model": bytes(range(256)) * 4,
+    "README.md": "# tiny\n\nnot a real model — ünïcödé\n".encode(),
+}
+
+
 # --- the kernel's mount table -----------------------------------------------------------------------------------
 
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from formats_fixtures import MODEL_FILES
-from helpers import lookup, torch_bytes
+from helpers import MODEL_FILES, lookup, torch_bytes
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader

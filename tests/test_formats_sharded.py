@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from formats_fixtures import MODEL_FILES
-from helpers import run_ckptfs, torch_bytes
+from helpers import MODEL_FILES, run_ckptfs, torch_bytes
 from safetensors import safe_open
 from safetensors.torch import save_file
 

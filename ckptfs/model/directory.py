@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..container import Container, open_container
 from ..container.base import Attachment
 from ..container.dcp import DcpCheckpoint, is_dcp_directory
+from ..container.dcp.checkpoint import metadata_files
 from ..errors import CkptfsError, FormatError, LimitError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import Directory, DirEntry
@@ -132,7 +133,8 @@ def _walk(plan: _Plan, path: str, depth: int) -> tuple[Group | None, dict[str, A
     where = path or "."
     if is_dcp_directory(names):
         m = plan.add_dcp_member(path)
-        plan.files += [e for e in files if e.name != ".metadata" and not e.name.endswith(".distcp")]
+        consumed = set(metadata_files(names))
+        plan.files += [e for e in files if e.name not in consumed and not e.name.endswith(".distcp")]
         plan.files += _all_files(plan, [e for e in entries if e.is_dir], depth)
         return Group(flat=[m]), {"format": "dcp", "directory": where}
     index_files = [e for e in files if e.name.endswith(INDEX_SUFFIXES)]

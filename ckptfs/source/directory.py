@@ -103,6 +103,9 @@ class LocalDirectory:
             raise CkptfsError("not a directory", file=self.name)
         self.root = os.path.realpath(self.name)
         self.allowed = [self.root]
+        # files a listing found as plain files (no symlink) in a directory known to be inside: opened without
+        # resolving their path again (one realpath per file is most of what opening a shard costs)
+        self._plain: dict[str, str] = {}
         snapshots = os.path.dirname(self.root)
         repo = os.path.dirname(snapshots)
         if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith(HF_CACHE_PREFIXES):
@@ -126,6 +129,7 @@ class LocalDirectory:
 
     def list(self, path: str = "") -> list[DirEntry]:
         real = self._resolve(path) if path else self.root
+        plain = self._plain
         prefix = path.rstrip("/") + "/" if path else ""
         out = []
         try:
@@ -142,6 +146,8 @@ class LocalDirectory:
                     is_dir = stat.S_ISDIR(st.st_mode)
                     if not is_dir and not stat.S_ISREG(st.st_mode):
                         refused = refused or "not a regular file"
+                    if not refused and not is_dir and not e.is_symlink():
+                        plain[prefix + e.name] = os.path.join(real, e.name)
                     out.append(DirEntry(prefix + e.name, 0 if refused else st.st_size, is_dir, refused))
         except OSError as e:
             raise CkptfsError(e.strerror or str(e), file=self.display(path)) from None
@@ -149,6 +155,9 @@ class LocalDirectory:
         return out
 
     def open(self, path: str) -> ByteSource:
+        known = self._plain.get(path)
+        if known is not None:  # listed as a plain file: refuse it if it became a symlink since
+            return LocalFile(known, name=self.display(path), follow=False)
         real = self._resolve(path)
         try:
             st = os.stat(real)

@@ -19,13 +19,14 @@ class LocalFile:
 
     read_size = LOCAL_READ_SIZE
 
-    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        """Open ``path``; ``name`` is how messages (and the staleness check's path stat) name it when that
-        differs from the path opened (a file of a directory opened by its real path)."""
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None, follow: bool = True) -> None:
+        """Open ``path``; ``name`` is how messages name it when that differs from the path opened (a file of
+        a directory opened by its real path); ``follow=False`` refuses a symlink (O_NOFOLLOW)."""
         self.name = os.fspath(path) if name is None else name
         self._path = os.fspath(path)
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
         try:
-            self.fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self.fd = os.open(self._path, flags)
         except OSError as e:
             raise CkptfsError(e.strerror or str(e), file=self.name) from None
         st = os.fstat(self.fd)

@@ -18,6 +18,7 @@ that is not the tensor the metadata says) is an error on that entry alone.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -25,21 +26,60 @@ from ...errors import CkptfsError, FormatError, LimitError, TensorError
 from ...limits import DEFAULT_LIMITS, Limits
 from ...pickle.allowlist import opaque_call
 from ...pickle.nodes import StorageRef, TensorNode
+from ...pickle.unpickler import probed_together
 from ...source import ByteSource, Directory, SubRange
 from ..base import Attachment, ObjectGraph
 from ..torchzip import TorchZip
 from .chunks import ChunkData, ChunkedTensor, check_tiling
 from .items import item_source, item_tensor
-from .metadata import METADATA_FILE, BytesEntry, DcpMetadata, TensorEntry, read_metadata
+from .metadata import METADATA_FILE, BytesEntry, DcpMetadata, TensorEntry, read_bytes, read_metadata
 
 DISTCP = ".distcp"
 #: the value standing for a value item that cannot be read (an opaque object whose __args__ say why)
 UNREADABLE = "ckptfs.unreadable_value"
 
 
+RANK_METADATA = re.compile(r"__(\d{1,9})\.metadata")
+
+
+def metadata_files(names: Sequence[str]) -> list[str]:
+    """The metadata files of a DCP listing: ``.metadata``, or else (a save without rank coordination,
+    ``use_collectives=False``) every rank's ``__<rank>.metadata``, in rank order."""
+    if METADATA_FILE in names:
+        return [METADATA_FILE]
+    ranked = [(int(m.group(1)), n) for n in names if (m := RANK_METADATA.fullmatch(n))]
+    return [n for _, n in sorted(ranked)]
+
+
 def is_dcp_directory(names: Sequence[str]) -> bool:
-    """A listing (file names) is a DCP checkpoint: ``.metadata`` and at least one ``.distcp`` file."""
-    return METADATA_FILE in names and any(n.endswith(DISTCP) for n in names)
+    """A listing (file names) is a DCP checkpoint: metadata and at least one ``.distcp`` file."""
+    return bool(metadata_files(names)) and any(n.endswith(DISTCP) for n in names)
+
+
+def _merged(metas: list[DcpMetadata]) -> DcpMetadata:
+    """Every rank's metadata (a save without coordination) as one: entries united in rank order; a tensor's
+    chunks from every rank, a chunk two ranks wrote (a replicated tensor) kept once, from the first; two
+    ranks disagreeing on a tensor's dtype or shape, or on what an entry is, make it an error."""
+    out = DcpMetadata({}, {}, metas[0].version, dict(metas[0].facts))
+    for meta in metas:
+        for fqn, entry in meta.entries.items():
+            have = out.entries.get(fqn)
+            if have is None:
+                out.entries[fqn] = entry
+                continue
+            if isinstance(have, TensorEntry) and isinstance(entry, TensorEntry):
+                if (have.dtype, have.size) != (entry.dtype, entry.size):
+                    have.error = have.error or (f"ranks disagree on its dtype and shape ({have.dtype.name} "
+                                                f"{list(have.size)} vs {entry.dtype.name} {list(entry.size)})")
+                    continue
+                seen = {(c.offsets, c.sizes) for c in have.chunks}
+                have.chunks += [c for c in entry.chunks if (c.offsets, c.sizes) not in seen]
+                have.error = have.error or entry.error
+            elif type(have) is not type(entry) and isinstance(have, TensorEntry):
+                have.error = have.error or "a tensor on one rank, a value on another"
+        for fqn, path in meta.paths.items():
+            out.paths.setdefault(fqn, path)
+    return out
 
 
 def _lists(made: list[tuple[dict[object, object], object, dict[object, object]]]) -> None:
@@ -74,7 +114,21 @@ class DcpCheckpoint:
         self.name = directory.display(path)
         listing = directory.list(path)
         self.file_sizes = {e.name: e.size for e in listing if not e.is_dir}
-        self.source = directory.open(self.prefix + METADATA_FILE)
+        names = metadata_files(list(self.file_sizes))
+        if not names:
+            raise FormatError("no .metadata file (not a DCP checkpoint)", file=self.name)
+        self.metadata_names = names
+        self.sources: list[ByteSource] = []
+        self._metadata: list[bytes] | None = []
+        try:
+            for n in names:
+                self.sources.append(directory.open(self.prefix + n))
+                self._metadata.append(read_bytes(self.sources[-1], limits))  # read now: probed with the others
+        except BaseException:
+            for s in self.sources:
+                s.close()
+            raise
+        self.source = self.sources[0]
         self._files: dict[str, ByteSource] = {}
         self._lock = threading.Lock()
         self.meta: DcpMetadata | None = None
@@ -82,8 +136,11 @@ class DcpCheckpoint:
         self._storages: dict[str, ByteSource] = {}
         self._value_items: dict[str, TorchZip] = {}  # key prefix -> the value item's zip
         data_files = [n for n in self.file_sizes if n.endswith(DISTCP)]
-        self.info: dict[str, Any] = {"metadata_bytes": self.source.size, "files": len(data_files),
-                                     "bytes": self.source.size + sum(self.file_sizes[n] for n in data_files)}
+        meta_bytes = sum(s.size for s in self.sources)
+        self.info: dict[str, Any] = {"metadata_bytes": meta_bytes, "files": len(data_files),
+                                     "bytes": meta_bytes + sum(self.file_sizes[n] for n in data_files)}
+        if names != [METADATA_FILE]:
+            self.info["rank_metadata_files"] = len(names)
 
     def _fail(self, msg: str, record: str | None = None) -> FormatError:
         return FormatError(msg, file=self.source.name, record=record)
@@ -118,7 +175,12 @@ class DcpCheckpoint:
 
     # --- the object graph ---------------------------------------------------------------------------
     def object_graph(self, strict: bool) -> ObjectGraph:
-        meta = self.meta = read_metadata(self.source, self.limits)
+        datas = self._metadata or [None] * len(self.sources)  # type: ignore[list-item]
+        self._metadata = None
+        metas = []
+        for source, data in zip(self.sources, datas, strict=True):
+            metas.append(read_metadata(source, self.limits, data))
+        meta = self.meta = metas[0] if len(metas) == 1 else _merged(metas)
         n_tensors = sum(1 for e in meta.entries.values() if isinstance(e, TensorEntry))
         if n_tensors > self.limits.max_tensors:
             raise LimitError(f"{n_tensors} tensors is over the limit of {self.limits.max_tensors}",
@@ -128,15 +190,17 @@ class DcpCheckpoint:
         made_ids: set[int] = set()
         unknown: dict[str, int] = {}
         chunks = compressed = 0
-        for n, (fqn, entry) in enumerate(meta.entries.items()):
-            if isinstance(entry, TensorEntry):
-                value: object = self._tensor_node(entry)
-                chunks += len(entry.chunks)
-                compressed += any(c.storage is not None and c.storage.transforms for c in entry.chunks)
-            else:
-                value = self._value(entry, n, strict, unknown)
-                compressed += bool(entry.storage is not None and entry.storage.transforms)
-            self._place(root, meta.paths.get(fqn, (fqn,)), value, fqn, made, made_ids)
+        items = self._value_zips(meta)
+        with probed_together([z.pickles()[0] for z in items.values() if isinstance(z, TorchZip)], self.limits):
+            for n, (fqn, entry) in enumerate(meta.entries.items()):
+                if isinstance(entry, TensorEntry):
+                    value: object = self._tensor_node(entry)
+                    chunks += len(entry.chunks)
+                    compressed += any(c.storage is not None and c.storage.transforms for c in entry.chunks)
+                else:
+                    value = self._value(entry, n, items[fqn], strict, unknown)
+                    compressed += bool(entry.storage is not None and entry.storage.transforms)
+                self._place(root, meta.paths.get(fqn, (fqn,)), value, fqn, made, made_ids)
         _lists(made)
         self.info.update(entries=len(meta.entries), tensors=n_tensors, values=len(meta.entries) - n_tensors,
                          chunks=chunks, compressed_entries=compressed,
@@ -155,16 +219,36 @@ class DcpCheckpoint:
         self.tensors[entry.fqn] = entry
         return t
 
-    def _value(self, entry: BytesEntry, n: int, strict: bool, unknown: dict[str, int]) -> object:
+    def _value_zips(self, meta: DcpMetadata) -> dict[str, TorchZip | CkptfsError]:
+        """Each value entry's item opened as a torch zip, its pickle read (or why it cannot be)."""
+        out: dict[str, TorchZip | CkptfsError] = {}
+        for fqn, entry in meta.entries.items():
+            if isinstance(entry, TensorEntry):
+                continue
+            info = entry.storage
+            try:
+                if info is None:
+                    raise self._fail("the value has no storage entry", record=fqn)
+                if info.relative_path not in self.file_sizes:
+                    raise self._fail(f"the value is in {info.relative_path!r}, which is not a file here", record=fqn)
+                z = TorchZip(item_source(self.file(info.relative_path), info, fqn), self.limits)
+                z.pickles()
+                out[fqn] = z
+            except LimitError:
+                raise
+            except CkptfsError as e:
+                out[fqn] = e
+        return out
+
+    def _value(self, entry: BytesEntry, n: int, item: TorchZip | CkptfsError, strict: bool,
+               unknown: dict[str, int]) -> object:
         """A value entry's object (its item unpickled); an unreadable one stands as an opaque
         ``ckptfs.unreadable_value`` whose ``__args__`` say why."""
         info = entry.storage
         try:
-            if info is None:
-                raise self._fail("the value has no storage entry", record=entry.fqn)
-            if info.relative_path not in self.file_sizes:
-                raise self._fail(f"the value is in {info.relative_path!r}, which is not a file here", record=entry.fqn)
-            z = TorchZip(item_source(self.file(info.relative_path), info, entry.fqn), self.limits)
+            if isinstance(item, CkptfsError):
+                raise item
+            z = item
             prefix = f"{n}:"
             graph = z.object_graph(strict, key_prefix=prefix)
             self._value_items[prefix] = z
@@ -197,7 +281,7 @@ class DcpCheckpoint:
 
     # --- storages -----------------------------------------------------------------------------------
     def pickles(self) -> Sequence[bytes]:
-        return ()
+        return self._metadata or ()
 
     def bind(self, refs: Mapping[str, StorageRef]) -> None:
         return None
@@ -296,6 +380,7 @@ class DcpCheckpoint:
         return None
 
     def close(self) -> None:
-        self.source.close()
+        for s in self.sources:
+            s.close()
         for f in self._files.values():
             f.close()

@@ -41,6 +41,8 @@ def _numel(shape: Sequence[int]) -> int:
 def check_tiling(shape: tuple[int, ...], chunks: Sequence[tuple[tuple[int, ...], tuple[int, ...]]]) -> str | None:
     """Why the chunks ``(offsets, sizes)`` do not tile ``shape`` exactly, or None when they do."""
     nd = len(shape)
+    if len(chunks) == 1 and chunks[0][1] == shape and not any(chunks[0][0]):
+        return None  # the common case: saved whole
     for offsets, sizes in chunks:
         if len(offsets) != nd or len(sizes) != nd:
             return f"a chunk at offsets {list(offsets)} has {len(sizes)} dimensions, the tensor {nd}"
@@ -48,25 +50,34 @@ def check_tiling(shape: tuple[int, ...], chunks: Sequence[tuple[tuple[int, ...],
             if o + z > s:
                 return f"the chunk at offsets {list(offsets)} with sizes {list(sizes)} runs past the shape {list(shape)}"
     full = [c for c in chunks if _numel(c[1])]
-    total = _numel(shape)
     if nd == 0:
         return None if len(full) == 1 else ("no chunk holds the scalar" if not full else
                                             f"{len(full)} chunks all hold the scalar (overlapping)")
+    if _numel(shape) == 0:
+        return None
+    if all(not any(off[1:]) and size[1:] == shape[1:] for off, size in full):
+        # slabs along the first dimension (Shard(0)): in order, each begins where the one before ended
+        pos = 0
+        for off, size in sorted(full):
+            if off[0] != pos:
+                return (f"chunks overlap (at element {[off[0]] + [0] * (nd - 1)})" if off[0] < pos else
+                        f"the chunks leave a hole (element {[pos] + [0] * (nd - 1)} is in none of them)")
+            pos += size[0]
+        return None if pos == shape[0] else \
+            f"the chunks leave a hole (element {[pos] + [0] * (nd - 1)} is in none of them)"
     # cells between all chunk boundaries: each one is inside or outside each chunk, so counting how many
     # chunks hold each cell finds overlaps and holes exactly
     bounds = [sorted({0, s, *(c[0][d] for c in full), *(c[0][d] + c[1][d] for c in full)}) for d, s in enumerate(shape)]
     cells = 1
     for b in bounds:
-        cells *= max(len(b) - 1, 1)
+        cells *= len(b) - 1
     if cells > MAX_GRID_CELLS:
         return f"too many chunk boundaries to check ({cells} cells)"
-    count = np.zeros([max(len(b) - 1, 1) for b in bounds], dtype=np.int32)
+    count = np.zeros([len(b) - 1 for b in bounds], dtype=np.int32)
     for offsets, sizes in full:
         box = tuple(slice(bisect.bisect_left(b, o), bisect.bisect_left(b, o + z))
                     for b, o, z in zip(bounds, offsets, sizes, strict=True))
         count[box] += 1
-    if total == 0:
-        return None
     if count.max() > 1:
         where = np.argwhere(count > 1)[0]
         at = [bounds[d][int(i)] for d, i in enumerate(where)]

@@ -35,28 +35,16 @@ MAX_DIMS = 64
 
 
 class Record(Inert):
-    """An instance of one of DCP's metadata classes, as data: made with no arguments, BUILT once."""
+    """An instance of one of DCP's metadata classes, as data: what BUILD gave it, in ``state``.
 
-    __slots__ = ("state", "built")
+    Made by ``object.__new__`` (NEWOBJ) in C: a record made with arguments is a TypeError, which refuses
+    the pickle; read ``state`` with ``getattr(r, "state", None)`` (unset until BUILT)."""
+
+    __slots__ = ("state",)
     qualname: ClassVar[str] = "?"
     state: object
-    built: bool
-
-    def __new__(cls, *args: object) -> Record:
-        if args:
-            raise UnsafePickleError(f"{cls.qualname} made with arguments")
-        self = object.__new__(cls)
-        self.state = None
-        self.built = False
-        return self
-
-    def __init__(self, *args: object) -> None:
-        pass
 
     def __setstate__(self, state: object) -> None:
-        if self.built:
-            raise UnsafePickleError(f"BUILD applied twice to {self.qualname}")
-        self.built = True
         self.state = state
 
     def __repr__(self) -> str:
@@ -78,23 +66,10 @@ MetadataIndex = _record(f"{MODULE}.MetadataIndex")
 StorageInfoRecord = _record(f"{FILESYSTEM}._StorageInfo")
 
 
-def _size(*args: object) -> tuple[int, ...]:
-    v = args[0] if len(args) == 1 else None
-    if isinstance(v, (tuple, list)) and len(v) <= MAX_DIMS and all(type(x) is int for x in v):
-        return tuple(v)
-    raise UnsafePickleError(f"torch.Size of {brief(args, 60)}")
-
-
 def _layout(*args: object) -> str:
     if len(args) == 1 and type(args[0]) is str:
         return args[0]
     raise UnsafePickleError(f"torch.serialization._get_layout of {brief(args, 60)}")
-
-
-def _mem_format(*args: object) -> int:
-    if len(args) == 1 and type(args[0]) is int and args[0] in (0, 1, 2):
-        return args[0]
-    raise UnsafePickleError(f"_MEM_FORMAT_ENCODING of {brief(args, 60)}")
 
 
 def _path(*args: object) -> str:
@@ -111,9 +86,10 @@ def _allowlist() -> dict[tuple[str, str], object]:
         mod, _, name = cls.qualname.rpartition(".")
         allowed[(mod, name)] = cls
     allowed[(SHARD_MODULE, "TensorProperties")] = TensorProperties
+    # (called once per tensor or chunk: C types, not Python builders; what they make is checked afterwards)
     for mod, name in ((MODULE, "_MEM_FORMAT_ENCODING"), (SHARD_MODULE, "MEM_FORMAT_ENCODING")):
-        allowed[(mod, name)] = Builder(f"{mod}.{name}", _mem_format)
-    allowed[("torch", "Size")] = Builder("torch.Size", _size)
+        allowed[(mod, name)] = int
+    allowed[("torch", "Size")] = tuple
     allowed[("torch.serialization", "_get_layout")] = Builder("torch.serialization._get_layout", _layout)
     for mod in ("pathlib", "pathlib._local"):
         for name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"):
@@ -179,14 +155,21 @@ class DcpMetadata:
 # --- reading ---------------------------------------------------------------------------------------------
 
 
-def read_metadata(source: ByteSource, limits: Limits, record: str = METADATA_FILE) -> DcpMetadata:
-    """Unpickle and check a ``.metadata`` file (FormatError / UnsafePickleError / LimitError naming it)."""
+def read_bytes(source: ByteSource, limits: Limits) -> bytes:
+    """The ``.metadata`` file's bytes (LimitError over ``Limits.max_pickle_bytes``)."""
     if source.size > limits.max_pickle_bytes:
         from ...errors import LimitError
 
         raise LimitError(f"{source.size} bytes is over the pickle limit of {limits.max_pickle_bytes} (raise "
                          "Limits.max_pickle_bytes to index it)", file=source.name)
-    data = read_exact(source, 0, source.size, "the metadata")
+    return read_exact(source, 0, source.size, "the metadata")
+
+
+def read_metadata(source: ByteSource, limits: Limits, data: bytes | None = None) -> DcpMetadata:
+    """Unpickle and check a ``.metadata`` file, or its bytes ``data`` read already (FormatError /
+    UnsafePickleError / LimitError naming it)."""
+    if data is None:
+        data = read_bytes(source, limits)
     obj, up = unpickle(data, strict=True, limits=limits, file=source.name, record=None, allowlist=ALLOWED,
                        refusal=REFUSAL, persistent_ids=False)
     del up
@@ -206,18 +189,17 @@ class _Reader:
     def state(self, obj: object, cls: type[Record], what: str, record: str | None = None) -> dict[str, Any]:
         if type(obj) is not cls:
             raise self.fail(f"{what} is {brief(obj, 60)}, not a {cls.qualname.rsplit('.', 1)[-1]}", record)
-        assert isinstance(obj, Record)
-        st = obj.state
+        st = getattr(obj, "state", None)
+        if type(st) is dict:
+            return st
         if st is None:
             return {}
         if type(st) is tuple and len(st) == 2 and (st[0] is None or type(st[0]) is dict) and type(st[1]) is dict:
-            st = {**(st[0] or {}), **st[1]}  # (dict state, slot state): a slotted or frozen dataclass
-        if type(st) is not dict or not all(type(k) is str for k in st):
-            raise self.fail(f"{what} holds {brief(st, 60)}, not its fields", record)
-        return st
+            return {**(st[0] or {}), **st[1]}  # (dict state, slot state): a slotted or frozen dataclass
+        raise self.fail(f"{what} holds {brief(st, 60)}, not its fields", record)
 
     def ints(self, v: object, what: str, record: str) -> tuple[int, ...]:
-        if type(v) is not tuple or not all(type(x) is int and x >= 0 for x in v):
+        if type(v) is not tuple or len(v) > MAX_DIMS or not all(type(x) is int and x >= 0 for x in v):
             raise self.fail(f"{what} is {brief(v, 60)}, not a tuple of non-negative ints", record)
         return v
 
@@ -247,46 +229,57 @@ class _Reader:
         return DcpMetadata(entries, paths, facts["version"], facts)
 
     def entry(self, fqn: str, md: object) -> TensorEntry | BytesEntry:
-        if type(md) is BytesStorageMetadata:
-            self.state(md, BytesStorageMetadata, "the entry", fqn)
+        t = type(md)
+        if t is BytesStorageMetadata:
             return BytesEntry(fqn)
-        st = self.state(md, TensorStorageMetadata, "the entry", fqn)
+        st = getattr(md, "state", None) if t is TensorStorageMetadata else None
+        if type(st) is not dict:
+            st = self.state(md, TensorStorageMetadata, "the entry", fqn)
         dtype, requires_grad = self.properties(st.get("properties"), fqn)
-        size = self.ints(st.get("size"), "size", fqn)
+        size = st.get("size")
+        if type(size) is not tuple or not all(type(x) is int and x >= 0 for x in size) or len(size) > MAX_DIMS:
+            self.ints(size, "size", fqn)
         chunks_md = st.get("chunks")
         if type(chunks_md) is not list:
             raise self.fail(f"chunks is {brief(chunks_md, 60)}, not a list", fqn)
         chunks = []
         for c in chunks_md:
-            cs = self.state(c, ChunkStorageMetadata, "a chunk", fqn)
-            chunks.append(Chunk(self.ints(cs.get("offsets"), "a chunk's offsets", fqn),
-                                self.ints(cs.get("sizes"), "a chunk's sizes", fqn)))
-        return TensorEntry(fqn, dtype, size, chunks, requires_grad)
+            cs = getattr(c, "state", None) if type(c) is ChunkStorageMetadata else None
+            if type(cs) is not dict:
+                cs = self.state(c, ChunkStorageMetadata, "a chunk", fqn)
+            offsets, sizes = cs.get("offsets"), cs.get("sizes")
+            if type(offsets) is not tuple or type(sizes) is not tuple or len(offsets) > MAX_DIMS \
+                    or len(sizes) > MAX_DIMS or not all(type(x) is int and x >= 0 for x in offsets + sizes):
+                self.ints(offsets, "a chunk's offsets", fqn)
+                self.ints(sizes, "a chunk's sizes", fqn)
+            chunks.append(Chunk(offsets, sizes))  # type: ignore[arg-type]
+        return TensorEntry(fqn, dtype, size, chunks, requires_grad)  # type: ignore[arg-type]
 
     def properties(self, p: object, fqn: str) -> tuple[DType, bool]:
         if type(p) is not TensorProperties:
             raise self.fail(f"properties is {brief(p, 60)}, not TensorProperties", fqn)
-        assert isinstance(p, Record)
-        st = p.state
+        st = getattr(p, "state", None)
         if type(st) is tuple and len(st) == 5:  # __getstate__: (dtype, layout, requires_grad, mem format, pin)
             dtype, layout, requires_grad = st[0], st[1], st[2]
         elif type(st) is dict:  # torch before TensorProperties had a __getstate__
             dtype, layout, requires_grad = st.get("dtype"), st.get("layout", "torch.strided"), st.get("requires_grad")
         else:
             raise self.fail(f"properties hold {brief(st, 60)}", fqn)
-        if not isinstance(dtype, TorchDType):
+        if type(dtype) is not TorchDType:
             raise self.fail(f"dtype is {brief(dtype, 60)}", fqn)
-        if layout not in ("torch.strided", None):
+        if layout != "torch.strided" and layout is not None:
             raise self.fail(f"layout {brief(layout, 40)} (only strided tensors are saved by DCP)", fqn)
         return dtype.dtype, requires_grad is True
 
     def storage_info(self, v: object, fqn: str) -> StorageInfo:
-        st = self.state(v, StorageInfoRecord, "a storage entry", fqn)
+        st = getattr(v, "state", None) if type(v) is StorageInfoRecord else None
+        if type(st) is not dict:
+            st = self.state(v, StorageInfoRecord, "a storage entry", fqn)
         path, offset, length = st.get("relative_path"), st.get("offset"), st.get("length")
         transforms = st.get("transform_descriptors") or ()
         if type(path) is not str or type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
             raise self.fail(f"storage entry {brief(st, 100)} is not a file, an offset and a length", fqn)
-        if type(transforms) not in (list, tuple) or not all(type(t) is str for t in transforms):
+        if transforms and (type(transforms) not in (list, tuple) or not all(type(t) is str for t in transforms)):
             raise self.fail(f"transform_descriptors {brief(transforms, 60)}", fqn)
         return StorageInfo(path, offset, length, tuple(transforms))
 
@@ -295,7 +288,9 @@ class _Reader:
             raise self.fail(f"storage_data is {brief(sd, 60)}, not a dict")
         by_offsets: dict[str, dict[tuple[int, ...], Chunk]] = {}
         for mi, info in sd.items():
-            ms = self.state(mi, MetadataIndex, "a storage_data key")
+            ms = getattr(mi, "state", None) if type(mi) is MetadataIndex else None
+            if type(ms) is not dict:
+                ms = self.state(mi, MetadataIndex, "a storage_data key")
             fqn, offset = ms.get("fqn"), ms.get("offset")
             if type(fqn) is not str:
                 raise self.fail(f"a storage_data key names {brief(fqn, 60)}")
@@ -303,15 +298,19 @@ class _Reader:
             if entry is None:
                 continue  # storage of nothing the state_dict has: never read
             storage = self.storage_info(info, fqn)
-            if isinstance(entry, BytesEntry):
+            if type(entry) is BytesEntry:
                 if entry.storage is not None:
                     raise self.fail("two storage entries for one value", fqn)
                 entry.storage = storage
                 continue
-            chunks = by_offsets.get(fqn)
-            if chunks is None:
-                chunks = by_offsets[fqn] = {c.offsets: c for c in entry.chunks}
-            chunk = chunks.get(self.ints(offset, "a storage entry's offset", fqn))
+            assert isinstance(entry, TensorEntry)
+            if len(entry.chunks) == 1:
+                chunk: Chunk | None = entry.chunks[0] if offset == entry.chunks[0].offsets else None
+            else:
+                chunks = by_offsets.get(fqn)
+                if chunks is None:
+                    chunks = by_offsets[fqn] = {c.offsets: c for c in entry.chunks}
+                chunk = chunks.get(offset) if type(offset) is tuple else None
             if chunk is None:
                 continue
             if chunk.storage is not None:
