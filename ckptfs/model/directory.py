@@ -133,8 +133,8 @@ def _walk(plan: _Plan, path: str, depth: int) -> tuple[Group | None, dict[str, A
     where = path or "."
     if is_dcp_directory(names):
         m = plan.add_dcp_member(path)
-        consumed = set(metadata_files(names))
-        plan.files += [e for e in files if e.name not in consumed and not e.name.endswith(".distcp")]
+        dcp_files = set(metadata_files(names))
+        plan.files += [e for e in files if e.name not in dcp_files and not e.name.endswith(".distcp")]
         plan.files += _all_files(plan, [e for e in entries if e.is_dir], depth)
         return Group(flat=[m]), {"format": "dcp", "directory": where}
     index_files = [e for e in files if e.name.endswith(INDEX_SUFFIXES)]
