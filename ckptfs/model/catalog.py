@@ -19,8 +19,10 @@ A catalog may also carry *files*: other files of a model directory (config.json,
 read-only and byte-exact as :class:`~ckptfs.container.base.Attachment`\ s of group ``"file"``; and
 ``layout``: what was opened (format, shards, index file ...) for ``ckptfs info``.
 
-Members' containers are opened concurrently (a thread each, up to ``MAX_OPENERS``): on remote or cold
-storage the round trips of a directory's files overlap instead of adding up.
+Members' containers are opened concurrently when their reads are round trips (a thread each, up to
+``MAX_OPENERS``: remote files, ``Directory.concurrency``): their latencies overlap instead of adding up.
+Local files are opened one after the other (page-cache reads cost less than handing work to threads). The
+pickles of all members are then probed together, in one forked child (``probed_together``).
 """
 
 from __future__ import annotations

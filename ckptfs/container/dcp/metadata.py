@@ -105,7 +105,7 @@ ALLOWED = _allowlist()
 # --- plain data ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StorageInfo:
     """Where an item lies: ``length`` bytes at ``offset`` of ``relative_path``, through ``transforms``."""
 
@@ -118,7 +118,7 @@ class StorageInfo:
         return f"{self.relative_path}@{self.offset}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One saved piece of a tensor: its place in the tensor, and the item holding it."""
 
@@ -127,7 +127,7 @@ class Chunk:
     storage: StorageInfo | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorEntry:
     fqn: str
     dtype: DType
@@ -137,7 +137,7 @@ class TensorEntry:
     error: str | None = None  # why its bytes cannot be served (found from the metadata alone)
 
 
-@dataclass
+@dataclass(slots=True)
 class BytesEntry:
     fqn: str
     storage: StorageInfo | None = None
@@ -153,6 +153,16 @@ class DcpMetadata:
 
 
 # --- reading ---------------------------------------------------------------------------------------------
+
+
+def _sizes(v: object) -> bool:
+    """A tuple of at most MAX_DIMS non-negative ints (a plain loop: called for every size and offset)."""
+    if type(v) is not tuple or len(v) > MAX_DIMS:
+        return False
+    for x in v:
+        if type(x) is not int or x < 0:
+            return False
+    return True
 
 
 def read_bytes(source: ByteSource, limits: Limits) -> bytes:
@@ -237,7 +247,7 @@ class _Reader:
             st = self.state(md, TensorStorageMetadata, "the entry", fqn)
         dtype, requires_grad = self.properties(st.get("properties"), fqn)
         size = st.get("size")
-        if type(size) is not tuple or not all(type(x) is int and x >= 0 for x in size) or len(size) > MAX_DIMS:
+        if not _sizes(size):
             self.ints(size, "size", fqn)
         chunks_md = st.get("chunks")
         if type(chunks_md) is not list:
@@ -248,8 +258,7 @@ class _Reader:
             if type(cs) is not dict:
                 cs = self.state(c, ChunkStorageMetadata, "a chunk", fqn)
             offsets, sizes = cs.get("offsets"), cs.get("sizes")
-            if type(offsets) is not tuple or type(sizes) is not tuple or len(offsets) > MAX_DIMS \
-                    or len(sizes) > MAX_DIMS or not all(type(x) is int and x >= 0 for x in offsets + sizes):
+            if not (_sizes(offsets) and _sizes(sizes)):
                 self.ints(offsets, "a chunk's offsets", fqn)
                 self.ints(sizes, "a chunk's sizes", fqn)
             chunks.append(Chunk(offsets, sizes))  # type: ignore[arg-type]
