@@ -86,6 +86,11 @@ def test_a_damaged_file_is_left_out_alone(runs: Path) -> None:
         assert ckpt.read_other_file("epoch_2.pt") == data[: len(data) // 2]  # still reachable, byte-exact
     r = run_ckptfs("info", str(runs))
     assert r.returncode == 0 and "left out   epoch_2.pt: " in r.stdout and "weights.bin" in r.stdout, r.stderr
+    r = run_ckptfs("ls", str(runs))
+    assert r.returncode == 0 and "epoch_1.model.fc.weight" in r.stdout and "left out epoch_2.pt: " in r.stderr
+    r = run_ckptfs("check", str(runs))  # the other files compared with torch.load; the damaged one a failure
+    assert r.returncode == 3 and "FAIL epoch_2.pt: left out: " in r.stdout, r.stdout + r.stderr
+    assert "tensors identical, 2 mismatched" in r.stdout
 
 
 def test_one_checkpoint_file_is_the_tree_itself(tmp_path: Path) -> None:

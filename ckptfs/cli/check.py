@@ -55,6 +55,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                 sys.stderr.flush()
                 if n == total:
                     sys.stderr.write("\n")
+        for name, e in ckpt.catalog.problems:  # files of a directory ckptfs could not index: not compared
+            bad += 1
+            print(paint(RED, "FAIL ") + f"{oneline(name)}: left out: {e.reason}")
     summary = f"{ok} tensors identical, {bad} mismatched, {skipped} not compared (kinds ckptfs does not serve)"
     print(paint(GREEN if not bad else RED, summary))
     return EXIT_MISMATCH if bad else EXIT_OK

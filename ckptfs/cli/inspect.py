@@ -78,6 +78,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 table.append((oneline(m.key), oneline(m.type or m.kind), "-", "-", leaf_preview(ckpt.value(m.key))))
         print_table(table)
         print(f"{n_t} tensors, {len(rows) - n_t} other values, {size(total)} of tensor data", file=sys.stderr)
+        for name, e in ckpt.catalog.problems:  # files of a directory that could not be indexed
+            print(f"ckptfs: left out {oneline(name)}: {e.reason}", file=sys.stderr)
     return EXIT_OK
 
 
