@@ -47,7 +47,11 @@ class Container(Protocol):
     kind: str  # "zip", "legacy", "torchscript", "safetensors", "dcp"
     source: ByteSource
     byteorder: str  # "little" / "big": byte order of storage data
-    info: dict[str, Any]  # format facts for `ckptfs info` (root, records, versions ...)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Format facts for `ckptfs info` (root, records, versions ...); may be gathered on first use."""
+        ...
 
     def object_graph(self, strict: bool) -> ObjectGraph:
         """The root object, as inert data (raises a CkptfsError naming the record on failure)."""

@@ -27,7 +27,15 @@ class TorchZip:
         self._pickle: bytes | None = None
         self.pickle_record = self._pickle_record()
         self.byteorder = self._byteorder()
-        self.info = self._info()
+        self._info_facts: dict[str, Any] | None = None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Format facts for ``ckptfs info`` (gathered on first use: opening the shards of a directory or the
+        items of a DCP checkpoint does not read the records they come from)."""
+        if self._info_facts is None:
+            self._info_facts = self._info()
+        return self._info_facts
 
     def _fail(self, msg: str, record: str | None = None) -> FormatError:
         return FormatError(msg, file=self.source.name, record=record)
