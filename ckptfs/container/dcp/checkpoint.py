@@ -353,6 +353,8 @@ class DcpCheckpoint:
         if len(entry.chunks) == 1 and entry.chunks[0].storage is not None:
             return entry.chunks[0].storage.where()
         files = sorted({c.storage.relative_path for c in entry.chunks if c.storage is not None})
+        if len(files) > 4:  # (a tensor sharded over hundreds of ranks: the sidecar's extra lists them all)
+            return f"{len(entry.chunks)} chunks in {len(files)} files ({files[0]} ... {files[-1]})"
         return f"{len(entry.chunks)} chunks in {', '.join(files)}"
 
     def storage_layout(self, key: str) -> dict[str, Any] | None:
