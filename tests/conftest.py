@@ -13,6 +13,8 @@ from typing import Iterator
 import pytest
 from helpers import Mounter, require_fuse
 
+pytest_plugins = ["remote_fixtures"]  # nginx, SeaweedFS and a fault-injecting proxy (tests/servers.py)
+
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Mounter]:

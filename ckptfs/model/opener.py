@@ -1,8 +1,9 @@
 """What ckptfs opens, from what a user names: the one place that maps a target to a catalog.
 
 Every front end (``ckptfs.open``, ``ckptfs.load``, the CLI, the mount) goes through :func:`open_catalog`.
-Today a target is a local file or a :class:`~ckptfs.source.ByteSource`; each new kind of target (a
-directory of shards, a URL) is one branch here.
+A target is a local file, a :class:`~ckptfs.source.ByteSource`, or a URL (``https://``, ``s3://``, any
+installed fsspec protocol: :mod:`ckptfs.source.remote`); each new kind of target (a directory of shards) is
+one branch here.
 """
 
 from __future__ import annotations
@@ -12,12 +13,21 @@ from collections.abc import Mapping
 
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource
+from ..source.options import RemoteOptions
+from ..source.urls import is_url, local_path
 from .catalog import Catalog
 
 Target = str | os.PathLike[str] | ByteSource
 
 
 def open_catalog(target: Target, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
-                 storage_options: Mapping[str, str] | None = None) -> Catalog:
-    """Open and index ``target``. ``storage_options`` configure remote targets (credentials, endpoints)."""
+                 storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> Catalog:
+    """Open and index ``target``. ``storage_options`` configure remote targets (credentials, endpoints: passed
+    to the backend), ``remote`` how they are read (timeout, caches)."""
+    if isinstance(target, str) and is_url(target):
+        from ..source.remote import open_url
+
+        return Catalog.open(open_url(target, storage_options, remote), strict=strict, limits=limits)
+    if isinstance(target, str):
+        target = local_path(target)
     return Catalog.open(target, strict=strict, limits=limits)
