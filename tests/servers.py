@@ -313,7 +313,9 @@ class FaultProxy:
 
     * ``stall = True``: no byte moves in either direction (connections stay open) until it is False again;
     * ``resets = k``: the next k connections are reset (RST) after ``reset_after`` bytes from the server;
-    * ``delay = s``: each chunk of client data (a request) and each new connection wait ``s`` seconds.
+    * ``delay = s``: each chunk of client data (a request) and each new connection wait ``s`` seconds;
+    * ``connect = True``: an HTTP proxy's CONNECT (the request line is answered 200, then bytes flow to the
+      upstream port whatever host it names); ``tunnels`` lists the targets asked for.
 
     Thread per direction; server-to-client bytes move with splice(2) (the proxy keeps up with GB/s)."""
 
@@ -323,6 +325,8 @@ class FaultProxy:
         self.resets = 0
         self.reset_after = 64 << 10
         self.delay = 0.0
+        self.connect = False
+        self.tunnels: list[str] = []
         self.connections = 0
         self.port = 0
         self._lock = threading.Lock()
@@ -368,6 +372,9 @@ class FaultProxy:
         if self.delay:
             time.sleep(self.delay)
         self._hold()
+        if self.connect and not self._tunnel(client):
+            self._close(client)
+            return
         try:
             upstream = socket.create_connection(self.upstream, 5)
         except OSError:
@@ -384,6 +391,21 @@ class FaultProxy:
         up.join(5)
         self._close(client)
         self._close(upstream)
+
+    def _tunnel(self, client: socket.socket) -> bool:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 65536:
+            data = client.recv(4096)
+            if not data:
+                return False
+            head += data
+        line = head.split(b"\r\n", 1)[0].decode(errors="replace")
+        if not line.startswith("CONNECT "):
+            client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+            return False
+        self.tunnels.append(line.split()[1])
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        return True
 
     def _to_server(self, client: socket.socket, upstream: socket.socket) -> None:
         try:

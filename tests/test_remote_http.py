@@ -130,6 +130,26 @@ def test_basic_auth_from_url_or_options(nginx, served):
     assert "wrong-Secret-123" not in r.stderr and nginx.url(f"private/{NAME}") in r.stderr
 
 
+def test_http_and_https_proxies_from_the_environment(nginx, served, proxy):
+    """http_proxy: requests go to the proxy with absolute URLs; https_proxy: a CONNECT tunnel. The host name
+    does not resolve: only the proxy can reach it."""
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    plain = proxy(nginx.port)
+    since = len(nginx.log())
+    r = run_ckptfs("ls", f"http://ckptfs-proxied.invalid/{NAME}", env={**env, "http_proxy": f"http://127.0.0.1:{plain.port}"})
+    assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr
+    assert len(nginx.requests_for(served.uri, since)) >= 1 and plain.connections >= 1
+    tunnel = proxy(nginx.https_port)
+    tunnel.connect = True
+    r = run_ckptfs("info", f"https://ckptfs-proxied.invalid:443/{NAME}", "--storage-option", "verify=false",
+                   env={**env, "HTTPS_PROXY": f"http://127.0.0.1:{tunnel.port}"})
+    assert r.returncode == 0 and "tensors" in r.stdout, r.stderr
+    assert tunnel.tunnels and set(tunnel.tunnels) == {"ckptfs-proxied.invalid:443"}
+    r = run_ckptfs("ls", f"http://ckptfs-proxied.invalid/{NAME}", "--timeout", "2",
+                   env={**env, "http_proxy": f"http://127.0.0.1:{plain.port}", "no_proxy": ".invalid"})
+    assert r.returncode == 1 and "cannot resolve" in r.stderr, r.stderr  # no_proxy: straight to the host
+
+
 def test_a_server_without_byte_ranges_is_named(nginx, served):
     r = run_ckptfs("ls", nginx.url(f"norange/{NAME}"))
     assert r.returncode == 1
@@ -244,3 +264,13 @@ def test_other_fsspec_protocols(served):
                 ckpt.source.check_unchanged(True)
     finally:
         fsspec.filesystem("memory").rm("ckptfs/m.pth")
+
+
+def test_an_empty_or_foreign_object_gets_the_same_error_as_a_file(nginx):
+    (nginx.root / "http-empty.pth").write_bytes(b"")
+    (nginx.root / "http-array.npy").write_bytes(b"\x93NUMPY" + b"\x00" * 100)
+    with pytest.raises(ckptfs.FormatError, match="empty file"):
+        ckptfs.open(nginx.url("http-empty.pth"))
+    with pytest.raises(ckptfs.FormatError, match="NumPy .npy file") as e:
+        ckptfs.open(nginx.url("http-array.npy"))
+    assert e.value.file == nginx.url("http-array.npy")

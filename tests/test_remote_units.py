@@ -93,27 +93,45 @@ def _reads(ra: Readahead, offsets, n):
     return [ra.on_read(o, n) for o in offsets]
 
 
-def test_sequential_reads_get_a_window_that_doubles():
-    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20)
-    ahead = [a for a in _reads(ra, range(0, 200 << 20, 128 << 10), 128 << 10) if a]
-    sizes = [b - a for a, b in ahead]
-    assert sizes[:5] == [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20]
-    assert max(sizes) == 64 << 20
+def test_sequential_reads_keep_a_growing_window_on_its_way():
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
+    lead = []  # bytes asked for ahead of the reader, after each read
+    ahead = []
+    for off in range(0, 300 << 20, 128 << 10):
+        a = ra.on_read(off, 128 << 10)
+        if a:
+            ahead.append(a)
+        if ahead:
+            lead.append(ahead[-1][1] - (off + (128 << 10)))
+    assert ahead[0][0] == 512 << 10  # the third read (256 KiB read in all) starts it, past its own block
     assert all(a % B == 0 for a, _ in ahead)
     assert all(ahead[i][1] == ahead[i + 1][0] for i in range(len(ahead) - 1))  # contiguous, never twice
-    assert ahead[0][0] == 512 << 10  # the third read (256 KiB read in all) starts it, past its own block
+    sizes = [b - a for a, b in ahead]
+    assert sizes[0] == 1 << 20 and sorted(sizes[:6]) == sizes[:6]  # grows from 1 MiB ...
+    assert max(lead) <= (64 << 20) + B and max(lead[len(lead) // 2 :]) >= 56 << 20  # ... to 64 MiB ahead
+    assert min(sizes[10:]) >= 8 << 20  # then it is topped up a part (8 MiB) at a time, not a block at a time
+
+
+def test_the_kernel_read_ahead_and_out_of_order_reads_stay_one_stream():
+    """A multi-threaded mount: reads arrive out of order and the kernel's read-ahead runs up to 16 MiB ahead."""
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
+    for i in range(0, 64, 2):
+        ra.on_read((i + 1) << 20, 1 << 20)  # the later one first
+        ra.on_read(i << 20, 1 << 20)
+        ra.on_read((i + 16) << 20, 1 << 20)  # the kernel's read-ahead
+    assert len(ra.streams) == 1
 
 
 def test_random_reads_fetch_nothing_ahead():
     import random
 
     rnd = random.Random(1)
-    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20)
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
     assert all(a is None for a in _reads(ra, [rnd.randrange(0, 1 << 40) & ~4095 for _ in range(1000)], 4096))
 
 
 def test_interleaved_streams_are_each_seen():
-    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20)
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
     got = {0: [], 1: []}
     for i in range(40):
         for s, base in ((0, 0), (1, 10 << 30)):
@@ -126,14 +144,14 @@ def test_interleaved_streams_are_each_seen():
 
 def test_a_large_read_then_small_ones_nearby_is_not_a_stream():
     """What indexing does (data.pkl, then the small records after it): nothing is fetched ahead."""
-    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20)
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
     assert ra.on_read(64, 3 << 20) is None
     assert _reads(ra, [(3 << 20) + 64 + 100 * i for i in range(20)], 50) == [None] * 20
 
 
 def test_windows_stop_at_the_end_of_the_object():
     size = 5 << 20
-    ra = Readahead(size, B, 1 << 20, 64 << 20)
+    ra = Readahead(size, B, 1 << 20, 64 << 20, 8 << 20)
     ahead = [a for a in _reads(ra, range(0, size, 128 << 10), 128 << 10) if a]
     assert ahead[-1][1] == size and all(b <= size for _, b in ahead)
 

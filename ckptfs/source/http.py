@@ -6,7 +6,8 @@ URL's own origin.
 Storage options (``--storage-option KEY=VALUE``): ``headers`` (a mapping; ``headers.Authorization=...`` on
 the command line), ``username`` / ``password`` (HTTP basic auth; also taken from the URL's
 ``user:password@`` or from ``~/.netrc``), ``verify`` (``false`` to accept any TLS certificate, or the path
-of a CA bundle; ``SSL_CERT_FILE`` works too).
+of a CA bundle; ``SSL_CERT_FILE`` works too). Proxies: ``http_proxy`` / ``https_proxy`` / ``no_proxy`` as
+curl reads them (an ``http://`` proxy; HTTPS goes through a CONNECT tunnel); loopback hosts never use one.
 """
 
 from __future__ import annotations
@@ -144,11 +145,18 @@ class HttpTransport:
             if idle:
                 return idle.pop(), True
         timeout = _remaining(deadline, target)
+        proxy = proxy_for(target.scheme, target.host)
         conn: http.client.HTTPConnection
-        if target.scheme == "https":
-            conn = http.client.HTTPSConnection(target.host, target.port, timeout=timeout, context=self._ssl)
+        if proxy is None:
+            host, port = target.host, target.port
         else:
-            conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
+            host, port = proxy.host, proxy.port
+        if target.scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
+            if proxy is not None:  # a CONNECT tunnel through the proxy, TLS with the target inside it
+                conn.set_tunnel(target.host, target.port, headers=proxy.headers)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
         return conn, False
 
     def _release(self, target: _Target, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
@@ -172,7 +180,11 @@ class HttpTransport:
                 if conn.sock is not None:
                     conn.sock.settimeout(_remaining(deadline, target))
                 self.requests += 1
-                conn.request("GET", target.path, headers=self._headers_for(target, headers))
+                if conn.host != target.host and target.scheme == "http":  # through a proxy: absolute URL
+                    conn.request("GET", target.url, headers={**self._headers_for(target, headers),
+                                                             **_proxy_headers(target)})
+                else:
+                    conn.request("GET", target.path, headers=self._headers_for(target, headers))
                 return conn.getresponse(), conn
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
                 conn.close()
@@ -268,6 +280,7 @@ class HttpTransport:
         resp, conn, target = self._request({"Range": f"bytes=0-{head - 1}"}, deadline)
         ok = False
         try:
+            _identity_encoding(resp)
             st = resp.status
             if st == 206:
                 a, b, total = _content_range(resp)
@@ -310,6 +323,7 @@ class HttpTransport:
         resp, conn, target = self._request(headers, deadline)
         ok = False
         try:
+            _identity_encoding(resp)
             st = resp.status
             if st == 206:
                 a, b, size = _content_range(resp)
@@ -355,11 +369,58 @@ class HttpTransport:
                 conn.close()
 
 
+@dataclass(frozen=True)
+class Proxy:
+    host: str
+    port: int
+    headers: dict[str, str]
+
+
+def proxy_for(scheme: str, host: str) -> Proxy | None:
+    """The HTTP proxy the environment names for ``scheme`` (``https_proxy``, ``http_proxy``, ``all_proxy``),
+    unless ``no_proxy`` exempts ``host`` or it is a loopback address (no proxy can reach those)."""
+    import ipaddress
+    import urllib.request
+
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    proxies = urllib.request.getproxies()
+    url = proxies.get(scheme) or proxies.get("all")
+    if not url or urllib.request.proxy_bypass(host):
+        return None
+    p = urlsplit(url if "://" in url else f"http://{url}")
+    if p.scheme != "http" or not p.hostname:
+        raise RemoteError(f"the {scheme}_proxy variable names a proxy ckptfs cannot use ({redact_url(url)}): "
+                          "an http:// proxy is needed")
+    headers = {}
+    if p.username:
+        token = base64.b64encode(f"{unquote(p.username)}:{unquote(p.password or '')}".encode()).decode()
+        headers["Proxy-Authorization"] = f"Basic {token}"
+    return Proxy(p.hostname, p.port or 80, headers)
+
+
+def _proxy_headers(target: _Target) -> dict[str, str]:
+    proxy = proxy_for(target.scheme, target.host)
+    return proxy.headers if proxy is not None else {}
+
+
 def _remaining(deadline: Deadline, target: _Target) -> float:
     left = deadline.remaining()
     if left <= 0:
         raise Transient(f"no answer from {target.where} in time")
     return left
+
+
+def _identity_encoding(resp: http.client.HTTPResponse) -> None:
+    encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+    if encoding != "identity" and resp.status < 300:
+        raise RemoteError(f"the server sent {encoding}-encoded bytes although ckptfs asked for identity: byte "
+                          "ranges of an encoded answer are not the object's")
 
 
 def _content_range(resp: http.client.HTTPResponse) -> tuple[int, int, int | None]:

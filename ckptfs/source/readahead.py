@@ -2,12 +2,14 @@
 
 A source is read by several readers at once (files of a mount, threads of a program) through positional
 reads, without handles. Each read either continues a known *stream* (it starts near where a stream's last
-read ended: up to ``BACK`` before, or within its window after) or starts a new one. A new stream fetches
-only what its read needs (random access stays cheap); once reads continuing it add up to a block (a big
-read followed by small ones nearby, as when a checkpoint is indexed, does not count), each read that
-continues it makes sure the bytes ahead of it are on their way: a *window* that starts at ``initial`` bytes and doubles while the stream
-stays sequential, up to ``maximum`` (shared out between the streams active at once, so that memory stays
-bounded). Streams not read for a while are forgotten, the least recently used first beyond ``streams``.
+read ended: up to ``BACK`` before, up to ``FORWARD`` past what was fetched ahead of it — the kernel's own
+read-ahead runs up to 16 MiB ahead of a reader, and a multi-threaded mount serves reads out of order) or starts a new
+one. A new stream fetches only what its read needs (random access stays cheap); once reads continuing it
+add up to a block (a big read followed by small ones nearby, as when a checkpoint is indexed, does not
+count), the stream keeps a *window* of bytes ahead of its last read on their way: ``initial`` bytes at
+first, doubling each time more is asked for, up to ``maximum`` (shared out between the streams active at
+once, so that memory stays bounded); more is asked for once a ``step`` (or half the window) is missing.
+Streams not read for a while are forgotten, the least recently used first beyond ``streams``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-BACK = 1 << 20  # a read this far before a stream's end still continues it (reads served out of order)
+FORWARD = 16 << 20  # a read this far past what a stream fetched ahead still continues it (kernel read-ahead)
+BACK = FORWARD + (8 << 20)  # ... and this far before its furthest read (the reader behind its kernel read-ahead)
 IDLE = 10.0  # seconds after which a stream no longer counts as active
 
 
@@ -30,11 +33,12 @@ class Stream:
 
 
 class Readahead:
-    def __init__(self, size: int, block: int, initial: int, maximum: int, streams: int = 16) -> None:
+    def __init__(self, size: int, block: int, initial: int, maximum: int, step: int, streams: int = 16) -> None:
         self.size = size
         self.block = block
         self.initial = max(initial, block)
         self.maximum = max(maximum, self.initial)
+        self.step = step
         self.max_streams = streams
         self.streams: list[Stream] = []  # most recently used last
         self._lock = threading.Lock()
@@ -44,7 +48,7 @@ class Readahead:
 
     def _match(self, offset: int) -> Stream | None:
         for s in reversed(self.streams):
-            if s.end - BACK <= offset <= max(s.ahead, s.end + 2 * self.block):
+            if s.end - BACK <= offset <= max(s.ahead, s.end) + FORWARD:
                 return s
         return None
 
@@ -61,17 +65,17 @@ class Readahead:
                 return None
             self.streams.remove(s)
             self.streams.append(s)
-            s.run += max(0, end - max(offset, s.end))
+            s.run += n
             s.end = max(s.end, end)
             s.used = now
-            if s.run < self.block:
+            if s.run < self.block or s.ahead >= self.size:
                 return None
             if s.window == 0:
                 s.window = self.initial
-            if s.ahead - s.end > s.window // 2 or s.ahead >= self.size:
-                return None
             start = max(s.ahead, self._ceil(s.end))
-            stop = self._ceil(start + s.window)
+            stop = self._ceil(s.end + s.window)
+            if stop - start < min(self.step, s.window // 2) and stop < self.size:
+                return None
             s.ahead = stop
             active = sum(1 for x in self.streams if x.window and now - x.used < IDLE)
             s.window = min(2 * s.window, max(self.initial, self.maximum // max(active, 1)))

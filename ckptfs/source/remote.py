@@ -172,7 +172,7 @@ class RemoteSource:
         self._identity = Identity("remote", (info.etag, info.last_modified), info.size, info.modified_ns)
         self._blocks = BlockCache(BLOCK, options.memory_cache)
         max_window = min(MAX_WINDOW, max(INITIAL_WINDOW, options.memory_cache // 3))
-        self._readahead = Readahead(self.size, BLOCK, INITIAL_WINDOW, max_window)
+        self._readahead = Readahead(self.size, BLOCK, INITIAL_WINDOW, max_window, PART)
         self._disk: DiskCache | None = None
         if options.cache_dir:
             if info.etag or info.last_modified:
