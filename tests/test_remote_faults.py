@@ -115,3 +115,28 @@ def test_an_object_replaced_under_a_mount_gives_eio(mount, nginx, expected):
     while "replaced while in use" not in m.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "replaced while in use" in m.log.read_text()
+
+
+def test_a_fork_while_fetches_are_in_flight(nginx, served, proxy):
+    """What the mount daemon's fork must survive: the parent's fetches (threads, locks, connections) do not
+    exist in the child, which fetches again itself."""
+    p = proxy(nginx.port)
+    expected = torch_bytes(served["big"])
+    got: list[bytes] = []
+    with ckptfs.open(p.url(NAME), remote=RemoteOptions(timeout=8)) as ckpt:
+        p.stall = True
+        t = threading.Thread(target=lambda: got.append(ckpt.read("big")))
+        t.start()
+        time.sleep(0.3)  # its blocks are now being fetched (held by the proxy)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = ckpt.read("big") == expected
+            except BaseException:  # noqa: BLE001
+                ok = False
+            os._exit(0 if ok else 3)
+        p.stall = False
+        t.join(30)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == [expected]

@@ -53,6 +53,23 @@ def test_ls_lists_what_torch_loads_in_at_most_3_requests(nginx, served):
     assert os.path.getsize(served.local) > 12 << 20  # ... of a file much larger than what was read
 
 
+def test_head_and_tail_come_in_one_batch(nginx, tmp_path):
+    """5,000 tensors after an 8 MB one: a central directory of ~0.5 MiB (more than the blocks the end record is
+    read with) and a pickle under 1 MiB. The first request brings the head, the whole tail comes in the second."""
+    name = "http-many.pth"
+    sd = {"pad": torch.zeros(2_000_000)} | {f"layer.{i}.weight": torch.full((2,), float(i)) for i in range(5000)}
+    save(nginx.root / name, sd)
+    size = (nginx.root / name).stat().st_size
+    since = len(nginx.log())
+    with ckptfs.open(nginx.url(name)) as ckpt:
+        assert len(ckpt.tensor_keys()) == 5001
+        reqs = nginx.requests_for("/" + name, since)
+        assert len(reqs) == 2 and reqs[0]["range"] == "bytes=0-1048575", reqs
+        a, b = map(int, reqs[1]["range"].removeprefix("bytes=").split("-"))
+        assert b == size - 1 and size - a >= 1 << 20, reqs  # the last MiB (the whole directory) at once
+        assert ckpt.read("layer.4321.weight") == torch_bytes(sd["layer.4321.weight"])
+
+
 def test_info_names_the_url(served):
     r = run_ckptfs("info", "--json", served.url)
     assert r.returncode == 0, r.stderr
@@ -101,8 +118,9 @@ def test_legacy_stream_over_http(nginx, served):
         for key, t in served.expected.items():
             assert ckpt.read(key) == torch_bytes(t), key
     reqs = nginx.requests_for("/" + served.legacy.name, since)
-    # the storage headers are fetched in one concurrent batch, then each tensor's bytes
+    # the storage headers are fetched in one concurrent batch (several connections at once), then the bytes
     assert len(reqs) <= 2 * len(served.expected) + 4, reqs
+    assert len({e["conn"] for e in reqs}) > 1, reqs
 
 
 def test_https_verifies_certificates(nginx, served):
