@@ -90,7 +90,7 @@ B = 256 << 10
 
 
 def _reads(ra: Readahead, offsets, n):
-    return [ra.on_read(o, n) for o in offsets]
+    return [ra.on_read(o, n).ahead for o in offsets]
 
 
 def test_sequential_reads_keep_a_growing_window_on_its_way():
@@ -98,7 +98,7 @@ def test_sequential_reads_keep_a_growing_window_on_its_way():
     lead = []  # bytes asked for ahead of the reader, after each read
     ahead = []
     for off in range(0, 300 << 20, 128 << 10):
-        a = ra.on_read(off, 128 << 10)
+        a = ra.on_read(off, 128 << 10).ahead
         if a:
             ahead.append(a)
         if ahead:
@@ -135,7 +135,7 @@ def test_interleaved_streams_are_each_seen():
     got = {0: [], 1: []}
     for i in range(40):
         for s, base in ((0, 0), (1, 10 << 30)):
-            a = ra.on_read(base + i * (128 << 10), 128 << 10)
+            a = ra.on_read(base + i * (128 << 10), 128 << 10).ahead
             if a:
                 got[s].append(a)
     assert got[0] and got[1]
@@ -145,7 +145,7 @@ def test_interleaved_streams_are_each_seen():
 def test_a_large_read_then_small_ones_nearby_is_not_a_stream():
     """What indexing does (data.pkl, then the small records after it): nothing is fetched ahead."""
     ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
-    assert ra.on_read(64, 3 << 20) is None
+    assert ra.on_read(64, 3 << 20).ahead is None
     assert _reads(ra, [(3 << 20) + 64 + 100 * i for i in range(20)], 50) == [None] * 20
 
 
@@ -159,16 +159,27 @@ def test_windows_stop_at_the_end_of_the_object():
 # --- the block cache --------------------------------------------------------------------------------------------
 
 
-def test_block_cache_is_bounded_lru():
-    c = BlockCache(4, 16)
+def _get(c: BlockCache, idx: int) -> bytes | None:
+    out = bytearray(c.block)
+    return bytes(out) if c.copy(idx, memoryview(out), 0) else None
+
+
+def test_block_cache_is_bounded_lru_and_reuses_memory():
+    c = BlockCache(4, 16, pool=8)
     for i in range(10):
         assert c.claim([i]) == [i]
-        c.put(i, bytes([i]) * 4)
-    assert c.nbytes == 16 and [i for i in range(10) if c.get(i) is not None] == [6, 7, 8, 9]
-    c.get(6)  # used: now the most recent
+        buf = c.buffer(4)
+        buf[:] = bytes([i]) * 4
+        c.put(i, buf)
+        assert len(c._free) <= 2  # at most pool bytes of spare buffers
+    assert c.nbytes == 16 and [_get(c, i) for i in range(10)] == [None] * 6 + [bytes([i]) * 4 for i in range(6, 10)]
+    _get(c, 6)  # used: now the most recent
     c.claim([10])
-    c.put(10, b"x" * 4)
-    assert c.get(7) is None and c.get(6) is not None
+    c.put(10, c.buffer(4))
+    assert _get(c, 7) is None and _get(c, 6) == bytes([6]) * 4
+    nine = c._data[9]
+    c.drop([9])
+    assert _get(c, 9) is None and c.nbytes == 12 and c.buffer(4) is nine  # a dropped block's memory is reused
 
 
 def test_a_pending_block_is_fetched_once_and_waited_for():
@@ -176,13 +187,25 @@ def test_a_pending_block_is_fetched_once_and_waited_for():
     assert c.claim([1, 2]) == [1, 2]
     assert c.claim([1, 2, 3]) == [3]  # 1 and 2 are someone's already
     got = []
-    t = threading.Thread(target=lambda: got.append(c.wait(1, 10, "reading")))
+    t = threading.Thread(target=lambda: got.append(c.wait(1, 10) and _get(c, 1)))
     t.start()
     c.put(1, b"abcd")
     t.join(10)
     assert got == [b"abcd"]
     c.fail([2], RemoteError("down"))
-    assert c.wait(2, 1, "reading") is None  # a transient failure: the waiter fetches it itself
+    assert c.wait(2, 1) is False  # a transient failure: the waiter fetches it itself
     c.claim([4])
     with pytest.raises(RemoteError, match="timed out waiting"):
-        c.wait(4, 0.05, "reading")
+        c.wait(4, 0.05)
+
+
+def test_a_sequential_stream_drops_what_it_read_long_ago_and_nothing_else():
+    ra = Readahead(1 << 40, B, 1 << 20, 64 << 20, 8 << 20)
+    drops = [d for d in (ra.on_read(off, 128 << 10).drop for off in range(0, 64 << 20, 128 << 10)) if d]
+    assert drops[0][0] == 0 and all(drops[i][1] == drops[i + 1][0] for i in range(len(drops) - 1))
+    assert (64 << 20) - drops[-1][1] >= 8 << 20  # the last 8 MiB read are kept (reads out of order, re-reads)
+    # indexing: the head, then the tail and the directory within 16 MiB of it: nothing dropped, nothing fetched
+    ra = Readahead(10 << 20, B, 1 << 20, 64 << 20, 8 << 20)
+    advice = [ra.on_read(0, 512), ra.on_read(64, 30), ra.on_read((10 << 20) - 65_000, 65_000),
+              ra.on_read((10 << 20) - 600_000, 530_000), ra.on_read(100, 300_000)]
+    assert all(a.drop is None for a in advice)

@@ -2,8 +2,14 @@
 
 Every block is in one of three states: absent, *pending* (one thread fetches it; others wait on its event)
 or cached (LRU, evicted beyond ``capacity`` bytes). A reader ``claim``s the absent blocks it needs (making
-them pending: they are now its to fetch), fetches them, and ``put``s or ``fail``s each; readers of a pending
-block ``wait`` for it. Blocks are never changed once cached.
+them pending: they are now its to fetch), fetches them into ``buffer()``s, and ``put``s or ``fail``s each;
+readers of a pending block ``wait`` for it, then ``copy`` bytes out of it.
+
+Buffers are recycled: an evicted or ``drop``ped block's buffer is kept (up to ``pool`` bytes) and handed out
+again by ``buffer()``. A fresh buffer costs a page fault per 4 KiB when first written, as much as receiving
+its bytes; a sequential reader that drops what it has read (drop-behind) fetches into the same memory over
+and over. So that a buffer is never rewritten while a reader copies from it, bytes leave the cache only by
+``copy``, under the cache's lock.
 """
 
 from __future__ import annotations
@@ -25,25 +31,38 @@ class _Pending:
 
 
 class BlockCache:
-    def __init__(self, block: int, capacity: int) -> None:
+    def __init__(self, block: int, capacity: int, pool: int = 64 << 20) -> None:
         self.block = block
         self.capacity = max(capacity, 4 * block)
+        self._pool_max = max(pool // block, 0)
         self._lock = threading.Lock()
         self._data: OrderedDict[int, bytes | bytearray] = OrderedDict()
         self._pending: dict[int, _Pending] = {}
+        self._free: list[bytearray] = []
         self._bytes = 0
 
-    def get(self, idx: int) -> bytes | bytearray | None:
-        with self._lock:
-            data = self._data.get(idx)
-            if data is not None:
-                self._data.move_to_end(idx)
-            return data
+    # --- buffers -------------------------------------------------------------------------------------------
+    def buffer(self, n: int) -> bytearray:
+        """A buffer of ``n`` bytes to fetch a block into (a recycled one for a whole block)."""
+        if n == self.block:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
+        return bytearray(n)
 
+    def _recycle(self, data: bytes | bytearray) -> None:
+        if type(data) is bytearray and len(data) == self.block and len(self._free) < self._pool_max:
+            self._free.append(data)
+
+    # --- states --------------------------------------------------------------------------------------------
     def has(self, idx: int) -> bool:
         """Cached or pending."""
         with self._lock:
             return idx in self._data or idx in self._pending
+
+    def cached(self, idx: int) -> bool:
+        with self._lock:
+            return idx in self._data
 
     def claim(self, indices: Iterable[int]) -> list[int]:
         """Of ``indices``, those neither cached nor pending, now pending and the caller's to fetch."""
@@ -56,6 +75,7 @@ class BlockCache:
         return out
 
     def put(self, idx: int, data: bytes | bytearray) -> None:
+        """Cache a block (fetched by the caller, who claimed it); never changed afterwards."""
         with self._lock:
             pending = self._pending.pop(idx, None)
             old = self._data.pop(idx, None)
@@ -66,6 +86,7 @@ class BlockCache:
             while self._bytes > self.capacity and len(self._data) > 1:
                 _, evicted = self._data.popitem(last=False)
                 self._bytes -= len(evicted)
+                self._recycle(evicted)
         if pending is not None:
             pending.event.set()
 
@@ -81,22 +102,41 @@ class BlockCache:
         for pending in done:
             pending.event.set()
 
-    def wait(self, idx: int, timeout: float, what: str) -> bytes | bytearray | None:
-        """The block once cached; None if it is absent (or its fetch failed with a transient error: the caller
-        fetches it again). Raises the fetch's error if it was not transient, RemoteError after ``timeout``."""
+    def drop(self, indices: Iterable[int]) -> None:
+        """Forget cached blocks now (read past by a sequential reader): their memory is reused."""
+        with self._lock:
+            for idx in indices:
+                data = self._data.pop(idx, None)
+                if data is not None:
+                    self._bytes -= len(data)
+                    self._recycle(data)
+
+    # --- reading -------------------------------------------------------------------------------------------
+    def copy(self, idx: int, dest: memoryview, lo: int) -> bool:
+        """Copy block ``idx``'s bytes from ``lo`` into all of ``dest``; False if it is not cached."""
         with self._lock:
             data = self._data.get(idx)
-            if data is not None:
-                self._data.move_to_end(idx)
-                return data
+            if data is None:
+                return False
+            self._data.move_to_end(idx)
+            dest[:] = memoryview(data)[lo : lo + len(dest)]
+            return True
+
+    def wait(self, idx: int, timeout: float) -> bool:
+        """Wait until block ``idx`` is no longer pending; True if it is then cached. False means absent (or its
+        fetch failed with a transient error): the caller fetches it. Raises the fetch's error if it was not
+        transient, RemoteError after ``timeout``."""
+        with self._lock:
+            if idx in self._data:
+                return True
             pending = self._pending.get(idx)
         if pending is None:
-            return None
+            return False
         if not pending.event.wait(max(timeout, 0.0)):
-            raise RemoteError(f"{what}: timed out waiting for bytes being fetched")
+            raise RemoteError("timed out waiting for bytes being fetched")
         if pending.error is not None and not isinstance(pending.error, RemoteError):
             raise copy.copy(pending.error)  # shared by the waiters: each adds its own record
-        return self.get(idx)
+        return self.cached(idx)
 
     @property
     def nbytes(self) -> int:
@@ -105,6 +145,7 @@ class BlockCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._free.clear()
             self._bytes = 0
 
     def after_fork(self) -> None:

@@ -186,9 +186,9 @@ class RemoteSource:
         for i in range(len(first) // BLOCK + 1):
             chunk = first[i * BLOCK : (i + 1) * BLOCK]
             if len(chunk) == self._block_len(i) and chunk:
-                self._blocks.put(i, chunk)
                 if self._disk is not None:
                     self._disk.put(i, chunk)
+                self._blocks.put(i, chunk)
         _LIVE.add(self)
 
     # --- ByteSource ---------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class RemoteSource:
             self._read_direct(view, offset, deadline)
             return n
         first, last = offset // BLOCK, (offset + n - 1) // BLOCK
-        ahead = self._readahead.on_read(offset, n)
+        ahead, behind = self._readahead.on_read(offset, n)
         need = self._blocks.claim(range(first, last + 1))
         if ahead is not None:
             self._spawn(self._blocks.claim(range(ahead[0] // BLOCK, -(-ahead[1] // BLOCK))))
@@ -219,12 +219,13 @@ class RemoteSource:
             self._fetch_parallel(need, deadline)
         pos = 0
         for idx in range(first, last + 1):
-            data = self._block(idx, deadline)
             b0 = idx * BLOCK
             lo = max(offset, b0) - b0
-            hi = min(offset + n - b0, len(data))
-            view[pos : pos + hi - lo] = memoryview(data)[lo:hi]
+            hi = min(offset + n - b0, self._block_len(idx))
+            self._copy_block(idx, view[pos : pos + hi - lo], lo, deadline)
             pos += hi - lo
+        if behind is not None:  # a sequential reader is past these: their memory takes the next blocks
+            self._blocks.drop(range(behind[0] // BLOCK, behind[1] // BLOCK))
         return n
 
     def identity(self) -> Identity:
@@ -300,12 +301,15 @@ class RemoteSource:
     def _block_len(self, idx: int) -> int:
         return max(0, min(BLOCK, self.size - idx * BLOCK))
 
-    def _block(self, idx: int, deadline: Deadline) -> bytes | bytearray:
-        """Block ``idx``: cached, awaited from another fetch, or fetched here."""
+    def _copy_block(self, idx: int, dest: memoryview, lo: int, deadline: Deadline) -> None:
+        """Bytes ``[lo, lo + len(dest))`` of block ``idx`` into ``dest``: cached, awaited from another fetch,
+        or fetched here."""
         while True:
-            data = self._blocks.wait(idx, deadline.remaining(), self._where(idx * BLOCK, BLOCK))
-            if data is not None:
-                return data
+            try:
+                if self._blocks.wait(idx, deadline.remaining()) and self._blocks.copy(idx, dest, lo):
+                    return
+            except RemoteError as e:  # (a timeout waiting for another reader's fetch)
+                raise RemoteError(f"{self._where(idx * BLOCK, BLOCK)}: {e.reason}", file=self.name) from None
             self._check_usable()
             if deadline.remaining() <= 0:
                 raise RemoteError(f"{self._where(idx * BLOCK, BLOCK)}: timed out after "
@@ -357,8 +361,9 @@ class RemoteSource:
             raise
 
     def _fetch_run(self, run: list[int], deadline: Deadline) -> None:
-        bufs = [bytearray(self._block_len(i)) for i in run]
+        bufs = [self._blocks.buffer(self._block_len(i)) for i in run]
         done = 0
+        disk = self._disk
 
         def attempt(d: Deadline) -> None:
             nonlocal done
@@ -366,6 +371,8 @@ class RemoteSource:
 
             def filled(k: int) -> None:
                 nonlocal done
+                if disk is not None:  # before the cache has it: once cached, its buffer may be reused
+                    disk.put(run[base + k], bufs[base + k])
                 self._blocks.put(run[base + k], bufs[base + k])
                 done = base + k + 1
 
@@ -375,9 +382,6 @@ class RemoteSource:
 
         self._retrying(self._where(run[0] * BLOCK, len(run) * BLOCK), deadline, attempt)
         self._validated = time.monotonic()
-        if self._disk is not None:
-            for idx, data in zip(run, bufs, strict=True):
-                self._disk.put(idx, data)
 
     def _parts(self, idxs: list[int]) -> list[list[int]]:
         per = PART // BLOCK
@@ -413,15 +417,16 @@ class RemoteSource:
         for idx in {first, last}:
             b0 = idx * BLOCK
             lo, hi = max(offset, b0), min(end, b0 + BLOCK)
-            view[lo - offset : hi - offset] = memoryview(self._block(idx, deadline))[lo - b0 : hi - b0]
+            self._copy_block(idx, view[lo - offset : hi - offset], lo - b0, deadline)
         gaps: list[list[int]] = []
         for idx in range(first + 1, last):
             b0 = idx * BLOCK
-            data = self._blocks.get(idx)
-            if data is None and self._disk is not None:
-                data = self._disk.get(idx, BLOCK)
+            dest = view[b0 - offset : b0 - offset + BLOCK]
+            if self._blocks.copy(idx, dest, 0):
+                continue
+            data = self._disk.get(idx, BLOCK) if self._disk is not None else None
             if data is not None:
-                view[b0 - offset : b0 - offset + BLOCK] = data
+                dest[:] = data
             elif gaps and gaps[-1][1] == b0:
                 gaps[-1][1] = b0 + BLOCK
             else:
