@@ -449,9 +449,92 @@ def op_memmap_sum(spec: dict, mods: dict) -> dict:
     return {"seconds": seconds, "bytes": nbytes, "bytes_per_s": nbytes / seconds, "sum": total}
 
 
+# --- plain HTTP (the remote cases' limits and peers) ------------------------------------------------------------
+
+
+def _http(url: str):
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=600), u.path
+
+
+def _get_into(conn, path: str, start: int, size: int, mv: memoryview) -> None:
+    conn.request("GET", path, headers={"Range": f"bytes={start}-{start + size - 1}"})
+    r = conn.getresponse()
+    if r.status != 206:
+        raise OSError(f"HTTP {r.status} for a range of {path}")
+    got = 0
+    while got < size:
+        n = r.readinto(mv[: min(len(mv), size - got)])
+        if not n:
+            raise OSError(f"the answer ended after {got} of {size} bytes")
+        got += n
+
+
+def op_http_get(spec: dict, mods: dict) -> dict:
+    """One GET of bytes [offset, offset+size) (a Range header, a new connection) read into a reused 1 MiB
+    buffer with http.client: the limit for those bytes over HTTP from Python."""
+    prepare(spec)
+    mv = memoryview(bytearray(1 << 20))
+    t0 = time.perf_counter()
+    conn, path = _http(spec["url"])
+    _get_into(conn, path, spec["offset"], spec["size"], mv)
+    seconds = time.perf_counter() - t0
+    conn.close()
+    return {"seconds": seconds, "bytes": spec["size"], "bytes_per_s": spec["size"] / seconds}
+
+
+def op_http_random(spec: dict, mods: dict) -> dict:
+    """``count`` ranged GETs of 4 KiB on one kept-alive connection, at the offsets op_random_read uses, each
+    timed: one round trip per read, the least any remote reader can do."""
+    offset, size, count, block = spec["offset"], spec["size"], spec["count"], spec.get("block", 4096)
+    rng = random.Random(spec.get("seed", 42))
+    slots = rng.sample(range(size // block), min(count, size // block))
+    prepare(spec)
+    conn, path = _http(spec["url"])
+    mv = memoryview(bytearray(block))
+    lat = []
+    for s in slots:
+        t0 = time.perf_counter()
+        _get_into(conn, path, offset + s * block, block, mv)
+        lat.append(time.perf_counter() - t0)
+    conn.close()
+    lat.sort()
+    return {"count": len(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99), "mean": sum(lat) / len(lat),
+            "max": lat[-1], "seconds": sum(lat)}
+
+
+def op_download_load(spec: dict, mods: dict) -> dict:
+    """What people do without a remote reader: download the whole file (one GET), then torch.load it
+    (weights_only, mmap) and list its keys and shapes."""
+    import tempfile
+
+    torch = mods["torch"]
+    prepare(spec)
+    t0 = time.perf_counter()
+    conn, path = _http(spec["url"])
+    conn.request("GET", path)
+    r = conn.getresponse()
+    if r.status != 200:
+        raise OSError(f"HTTP {r.status}")
+    with tempfile.NamedTemporaryFile(dir=spec.get("tmpdir"), suffix=".pth") as f:
+        while chunk := r.read(8 << 20):
+            f.write(chunk)
+        f.flush()
+        t_download = time.perf_counter() - t0
+        sd = torch.load(f.name, map_location="cpu", weights_only=True, mmap=True)
+        shapes = {k: tuple(v.shape) for k, v in walk_tensors(sd, torch)}
+        seconds = time.perf_counter() - t0
+    conn.close()
+    return {"seconds": seconds, "download_seconds": t_download, "tensors": len(shapes)}
+
+
 OPS: dict[str, Callable[[dict, dict], dict]] = {
     "index": op_index, "api_all": op_api_all, "load_state_dict": op_load_state_dict, "seq_read": op_seq_read,
-    "random_read": op_random_read, "memmap_sum": op_memmap_sum,
+    "random_read": op_random_read, "memmap_sum": op_memmap_sum, "http_get": op_http_get,
+    "http_random": op_http_random, "download_load": op_download_load,
 }
 
 

@@ -22,6 +22,7 @@ from .errors import (
     CkptfsError,
     FormatError,
     LimitError,
+    RemoteError,
     StaleSourceError,
     TensorError,
     UnsafePickleError,
@@ -31,37 +32,44 @@ from .limits import DEFAULT_LIMITS, Limits
 from .model.catalog import Catalog
 from .model.meta import Meta
 from .source import ByteSource, LocalFile
+from .source.options import RemoteOptions
 
 if TYPE_CHECKING:
     from .views.tree import MemmapMode
 
 __all__ = [
     "ByteSource", "Catalog", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
-    "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError", "load", "memmap", "open",
+    "RemoteError", "RemoteOptions", "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError", "load",
+    "memmap", "open",
 ]
 
 
 def open(path: str | os.PathLike[str] | ByteSource, *, strict: bool = False,  # noqa: A001
-         limits: Limits = DEFAULT_LIMITS, storage_options: Mapping[str, str] | None = None) -> Checkpoint:
+         limits: Limits = DEFAULT_LIMITS, storage_options: Mapping[str, object] | None = None,
+         remote: RemoteOptions | None = None) -> Checkpoint:
     """Index a checkpoint (zip or legacy torch.save file) without running its pickle or importing torch.
 
+    ``path`` may be a URL (``https://``, ``s3://``, any installed fsspec protocol): ``storage_options`` go to
+    its backend (credentials, endpoint), ``remote`` says how it is read (timeout, caches: docs/remote.md).
     ``strict=True`` refuses any global outside ckptfs's allowlist instead of indexing it as opaque data.
     """
-    return Checkpoint(path, strict=strict, limits=limits, storage_options=storage_options)
+    return Checkpoint(path, strict=strict, limits=limits, storage_options=storage_options, remote=remote)
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
-         debug: bool = False, *, strict: bool = False, mmap: bool = True) -> Any:
+         debug: bool = False, *, strict: bool = False, mmap: bool = True,
+         storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> Any:
     """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are made on access.
 
     With ``mmap=True`` (default) tensors stored uncompressed are copy-on-write views of the file, so
     ``model.load_state_dict(ckptfs.load(p))`` copies from the page cache with no second copy in memory.
-    Imports torch. Non-dict checkpoints are returned materialised.
+    A URL works as in :func:`open` (its tensors are read by range when accessed). Imports torch. Non-dict
+    checkpoints are returned materialised.
     """
     from .api.load import load as _load
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
-                 strict=strict, mmap=mmap)
+                 strict=strict, mmap=mmap, storage_options=storage_options, remote=remote)
 
 
 def memmap(path: str | os.PathLike[str], mode: MemmapMode = "r") -> Any:

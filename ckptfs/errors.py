@@ -136,3 +136,8 @@ class UnsupportedError(CkptfsError):
 
 class StaleSourceError(CkptfsError):
     """The checkpoint file changed under an open index (truncated, rewritten, replaced)."""
+
+
+class RemoteError(CkptfsError):
+    """A remote checkpoint could not be read: the server is down or too slow (``timeout``), refused the
+    request (not found, access denied), or does not serve byte ranges."""

@@ -13,8 +13,9 @@ from typing import Iterator
 import pytest
 from helpers import Mounter, require_fuse
 
-#: fixtures of the directory formats (DCP, sharded checkpoints), written by the real writers
-pytest_plugins = ["formats_fixtures"]
+#: fixtures of the directory formats (DCP, sharded checkpoints), written by the real writers; nginx, SeaweedFS
+#: and a fault-injecting proxy (tests/servers.py)
+pytest_plugins = ["formats_fixtures", "remote_fixtures"]
 
 
 @pytest.fixture

@@ -433,3 +433,28 @@ class Mounter:
             except AssertionError as e:
                 errors.append(str(e))
         assert not errors, errors
+
+
+# --- remote checkpoints (test_remote_*) ------------------------------------------------------------------------
+
+
+def remote_state_dict() -> dict:
+    """A state_dict with what remote reads must get right: tensors smaller and larger than a block (256 KiB),
+    one over the direct-read size (4 MiB) and the read-ahead windows, bfloat16, a strided view, a value."""
+    g = torch.Generator().manual_seed(10)
+    return {
+        "emb.weight": torch.randn(1000, 64, generator=g),
+        "enc.0.weight": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "enc.0.bias": torch.arange(64, dtype=torch.int64),
+        "enc.1.weight": torch.randn(64, 32, generator=g).t(),
+        "big": torch.randn(3_000_000, generator=g),
+        "mid": torch.randn(300_000, generator=g),
+        "tail": torch.randn(10, generator=g),
+        "step": 1234,
+    }
+
+
+def torch_tensors(path: Path | str) -> dict[str, torch.Tensor]:
+    """Every top-level tensor of a state_dict file as torch.load gives it."""
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    return {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}

@@ -21,6 +21,7 @@ from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS, nbytes, numel, validate_all
 from ..pickle.nodes import TensorNode
 from ..source import ByteSource
+from ..source.options import RemoteOptions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,9 +37,9 @@ class Checkpoint:
     A facade over a :class:`~ckptfs.model.catalog.Catalog` (one file is its one-member case)."""
 
     def __init__(self, path: Target | Catalog, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
-                 storage_options: Mapping[str, str] | None = None) -> None:
+                 storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> None:
         self.catalog = path if isinstance(path, Catalog) else open_catalog(
-            path, strict=strict, limits=limits, storage_options=storage_options)
+            path, strict=strict, limits=limits, storage_options=storage_options, remote=remote)
         self.index = self.catalog.index
         self.name = self.catalog.name
         self.limits = self.catalog.limits

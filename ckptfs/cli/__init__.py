@@ -15,6 +15,7 @@ from .._version import __version__
 from ..errors import CkptfsError, brief, oneline
 from . import check, inspect, mount
 from .common import EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from .proctitle import scrub_if_needed
 
 __all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # our own process's arguments: credentials out of the process list (cli/proctitle.py)
+        scrub_if_needed()
     debug = getattr(args, "debug", False)
     try:
         return int(args.func(args) or 0)

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..errors import oneline
-from .common import EXIT_MISMATCH, EXIT_OK, add_checkpoint_args
+from .common import EXIT_MISMATCH, EXIT_OK, add_checkpoint_args, remote_from
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
@@ -32,7 +32,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     def paint(c: str, s: str) -> str:
         return f"{c}{s}{RESET}" if color else s
 
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+    storage_options, remote = remote_from(args)
+    with ckpt_open(args.checkpoint, strict=args.strict, storage_options=storage_options, remote=remote) as ckpt:
         reference = load_reference(ckpt.catalog, args.checkpoint, args.trust)
         total = count_compared(ckpt.catalog)
         show_progress = not args.no_progress and sys.stderr.isatty() and total > 200

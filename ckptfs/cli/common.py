@@ -17,11 +17,77 @@ LIMIT_HELP = ("raise or lower a resource limit for this file, e.g. --limit max_t
 
 def add_checkpoint_args(sp: argparse.ArgumentParser, limits: bool = False) -> None:
     """The checkpoint argument and the options that go with it."""
-    sp.add_argument("checkpoint", help="a .pth/.pt/.ckpt file written by torch.save")
+    sp.add_argument("checkpoint", help="a .pth/.pt/.ckpt file written by torch.save, or its URL (https://, s3://, "
+                                       "any fsspec protocol)")
     sp.add_argument("--strict", action="store_true", help="refuse classes outside ckptfs's allowlist")
     sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     if limits:
         sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_remote_args(sp)
+
+
+def add_remote_args(sp: argparse.ArgumentParser) -> None:
+    """Options for checkpoints given as URLs (docs/remote.md)."""
+    from ..source.options import RemoteOptions
+
+    g = sp.add_argument_group("remote checkpoints (URLs; see docs/remote.md)")
+    g.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="an option for the URL's backend, repeatable: endpoint_url=http://host:9000, anon=true, "
+                        "headers.Authorization='Bearer ...' (a dotted key sets a nested option). Prefer the "
+                        "AWS_* environment variables for secrets: command lines are visible to other users")
+    g.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help=f"a read that cannot be served within this time fails (EIO through a mount); "
+                        f"default {RemoteOptions.timeout:g}")
+    g.add_argument("--cache-dir", metavar="DIR", help="keep fetched bytes on disk here, shared by processes and "
+                                                       "mounts (keyed by URL and ETag)")
+    g.add_argument("--cache-size", metavar="SIZE",
+                   help=f"most bytes --cache-dir may hold (K/M/G suffixes); default {RemoteOptions.cache_size >> 30}G")
+    g.add_argument("--memory-cache", metavar="SIZE",
+                   help=f"fetched bytes kept in memory per object; default {RemoteOptions.memory_cache >> 20}M")
+
+
+def parse_size(text: str, what: str) -> int:
+    """``256M`` -> 268435456 (K/M/G/T suffixes, powers of 1024)."""
+    t = text.strip()
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:].lower(), 1)
+    try:
+        value = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise CkptfsError(f"{what} {text!r}: expected a size such as 512M or 10G") from None
+    if value < 0:
+        raise CkptfsError(f"{what} {text!r}: a size cannot be negative")
+    return value
+
+
+def remote_from(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
+    """``(storage_options, RemoteOptions)`` from the remote options (None, None when none was given)."""
+    from ..source.options import RemoteOptions
+
+    options: dict[str, Any] | None = None
+    for item in getattr(args, "storage_option", None) or []:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise CkptfsError(f"--storage-option {key or item!r}: expected KEY=VALUE")
+        options = {} if options is None else options
+        node = options
+        *parents, last = key.split(".")
+        for p in parents:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise CkptfsError(f"--storage-option {key}: {p} is already set to a value")
+            node = child
+        node[last] = {"true": True, "false": False}.get(value.strip().lower(), value)
+    fields: dict[str, Any] = {}
+    if getattr(args, "timeout", None) is not None:
+        fields["timeout"] = args.timeout
+    if getattr(args, "cache_dir", None):
+        fields["cache_dir"] = args.cache_dir
+    if getattr(args, "cache_size", None):
+        fields["cache_size"] = parse_size(args.cache_size, "--cache-size")
+    if getattr(args, "memory_cache", None):
+        fields["memory_cache"] = parse_size(args.memory_cache, "--memory-cache")
+    return options, RemoteOptions(**fields) if fields else None
 
 
 def human(n: int | None) -> str:

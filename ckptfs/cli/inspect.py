@@ -18,6 +18,7 @@ from .common import (
     leaf_preview,
     limits_from,
     print_table,
+    remote_from,
     shape_text,
 )
 
@@ -46,7 +47,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from .. import open as ckpt_open
     from ..model.tensors import nbytes, validate_all
 
-    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args)) as ckpt:
+    storage_options, remote = remote_from(args)
+    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args), storage_options=storage_options,
+                   remote=remote) as ckpt:
         index = ckpt.index
         validate_all(index, ckpt.limits)  # the error column needs every tensor checked
         rows = []
@@ -125,7 +128,9 @@ def print_tree(ckpt: Any, rows: list[Any], args: argparse.Namespace) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from .. import open as ckpt_open
 
-    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args)) as ckpt:
+    storage_options, remote = remote_from(args)
+    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args), storage_options=storage_options,
+                   remote=remote) as ckpt:
         info = ckpt.info()
     if args.json:
         print(json_text(info, indent=2))
@@ -203,7 +208,8 @@ def cmd_code(args: argparse.Namespace) -> int:
     """A TorchScript archive's sources: the list, or one file's text (read only, never compiled)."""
     from .. import open as ckpt_open
 
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+    storage_options, remote = remote_from(args)
+    with ckpt_open(args.checkpoint, strict=args.strict, storage_options=storage_options, remote=remote) as ckpt:
         files = ckpt.code_files()
     if not files:
         raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)

@@ -54,6 +54,8 @@ FLAG_UTF8 = 0x800
 MAX_COMMENT = 0xFFFF
 
 ZIP_MAGIC = LOCAL_SIG
+#: bytes of the start and of the end of an archive asked for before its directory is read (see ZipArchive)
+PREFETCH_HEAD = PREFETCH_TAIL = 1 << 20
 
 
 class ZipRecord:
@@ -128,7 +130,8 @@ class ZipRecord:
         return data_offset
 
     # --- reading ---------------------------------------------------------------------------------------
-    def check_servable(self) -> None:
+    def check_servable(self, header: bool = True) -> None:
+        """Refuse what cannot be served; ``header`` also reads and checks the local header."""
         if self.is_dir:
             raise self._fail("is a directory entry, not data")
         if self.flags & FLAG_ENCRYPTED:
@@ -138,16 +141,21 @@ class ZipRecord:
                 raise self._fail(f"stored record with compressed size {self.compress_size} != size {self.size}")
         elif self.method != DEFLATED:
             raise self._fail(f"compression method {self.method} is not supported (only stored and deflate)")
-        self.data_offset  # noqa: B018 - validates the local header
+        if header:
+            self.data_offset  # noqa: B018 - validates the local header
 
     def data(self) -> ByteSource:
         """The record's (uncompressed) bytes as a source: a range of the archive for a stored record, an
-        inflating source for a deflated one. Validates the local header first (FormatError)."""
+        inflating source for a deflated one. Validates the local header first (FormatError), except in an
+        archive whose bytes are not in a local file (see :class:`HeaderFirst`)."""
         if self._data is None:
-            self.check_servable()
+            lazy = self.archive.lazy_headers and self.method == STORED
+            self.check_servable(header=not lazy)
             with self.archive.lock:
                 if self._data is None:
-                    if self.method == STORED:
+                    if lazy:
+                        self._data = HeaderFirst(self)
+                    elif self.method == STORED:
                         self._data = SubRange(self.archive.source, self.data_offset, self.size, self.label)
                     else:
                         self._data = InflatedRecord(self)
@@ -161,6 +169,50 @@ class ZipRecord:
 
     def __repr__(self) -> str:
         return f"ZipRecord({self.name!r}, size={self.size}, method={self.method})"
+
+
+class HeaderFirst:
+    """A stored record of an archive that is not a local file (a remote object): its local header is read and
+    checked at the first read of its bytes rather than when the record is planned. Planning happens for every
+    tensor whose size a directory listing shows; on a remote source each header read is a round trip."""
+
+    __slots__ = ("record", "name", "label", "size", "read_size", "_range")
+
+    def __init__(self, record: ZipRecord) -> None:
+        self.record = record
+        self.name = record.archive.source.name
+        self.label = record.label
+        self.size = record.size
+        self.read_size = record.archive.source.read_size
+        self._range: SubRange | None = None
+
+    def _resolved(self) -> SubRange:
+        if self._range is None:
+            rec = self.record
+            self._range = SubRange(rec.archive.source, rec.data_offset, self.size, self.label)
+        return self._range
+
+    def pread(self, offset: int, n: int) -> bytes:
+        return self._resolved().pread(offset, n)
+
+    def preadinto(self, buf: memoryview, offset: int) -> int:
+        return self._resolved().preadinto(buf, offset)
+
+    def identity(self) -> Identity:
+        return self.record.archive.source.identity()
+
+    def check_unchanged(self, thorough: bool = True) -> None:
+        self.record.archive.source.check_unchanged(thorough)
+
+    def region(self) -> FileRegion | None:
+        return None  # (only made for archives that are not local files)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        if self._range is not None:
+            self._range.prefetch(ranges)
+
+    def close(self) -> None:
+        return None
 
 
 class InflatedRecord:
@@ -312,6 +364,13 @@ class ZipArchive:
         self._records: dict[str, ZipRecord] = {}
         self.root = ""
         self.comment = b""
+        #: records' local headers are checked at their first read, not when planned (HeaderFirst): reading one
+        #: costs a round trip when the bytes are not in a local file
+        self.lazy_headers = source.region() is None
+        size = source.size
+        # one batch: a remote source fetches both at once (a torch zip's data.pkl is its first record, the
+        # central directory is at the end); a local file ignores the hint
+        source.prefetch([(0, min(size, PREFETCH_HEAD)), (max(0, size - PREFETCH_TAIL), min(size, PREFETCH_TAIL))])
         self._read_directory()
 
     # --- errors ---------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Every front end (``ckptfs.open``, ``ckptfs.load``, the CLI, the mount) goes through :func:`open_catalog`.
 A target is a local file, a :class:`~ckptfs.source.ByteSource`, a local directory or a
-:class:`~ckptfs.source.Directory` (:mod:`ckptfs.model.directory`); each new kind of target (a URL) is one
-branch here.
+:class:`~ckptfs.source.Directory` (:mod:`ckptfs.model.directory`), or a URL (``https://``, ``s3://``, any
+installed fsspec protocol: :mod:`ckptfs.source.remote`); each new kind of target is one branch here.
 """
 
 from __future__ import annotations
@@ -13,14 +13,23 @@ from collections.abc import Mapping
 
 from ..limits import DEFAULT_LIMITS, Limits
 from ..source import ByteSource, Directory, LocalDirectory
+from ..source.options import RemoteOptions
+from ..source.urls import is_url, local_path
 from .catalog import Catalog
 
 Target = str | os.PathLike[str] | ByteSource | Directory
 
 
 def open_catalog(target: Target, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
-                 storage_options: Mapping[str, str] | None = None) -> Catalog:
-    """Open and index ``target``. ``storage_options`` configure remote targets (credentials, endpoints)."""
+                 storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> Catalog:
+    """Open and index ``target``. ``storage_options`` configure remote targets (credentials, endpoints: passed
+    to the backend), ``remote`` how they are read (timeout, caches)."""
+    if isinstance(target, str) and is_url(target):
+        from ..source.remote import open_url
+
+        return Catalog.open(open_url(target, storage_options, remote), strict=strict, limits=limits)
+    if isinstance(target, str):
+        target = local_path(target)
     if isinstance(target, (str, os.PathLike)) and os.path.isdir(target):
         target = LocalDirectory(target)
     if isinstance(target, Directory):

@@ -9,6 +9,7 @@ busy one, ``fusermount -uz``, and says which happened.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -27,6 +28,8 @@ from typing import Any, NamedTuple
 
 from .._version import __version__
 from ..errors import CkptfsError
+from ..source.options import RemoteOptions
+from ..source.urls import is_url, local_path
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -224,6 +227,8 @@ class MountRequest:
     strict: bool = False
     threads: bool = False
     log: str | None = None
+    storage_options: dict[str, Any] | None = None  # a URL's backend options (credentials: never shown)
+    remote: RemoteOptions | None = None  # how a URL is read (timeout, caches)
 
 
 def warnings_for(options: dict[str, Any]) -> list[str]:
@@ -237,31 +242,38 @@ def warnings_for(options: dict[str, Any]) -> list[str]:
 def mount(req: MountRequest) -> None:
     """Mount ``req.checkpoint`` at ``req.mountpoint``: in the foreground until unmounted, or as a daemon,
     returning once the mount answers. Raises MountError (or any CkptfsError of indexing) with why not."""
-    src = os.path.abspath(req.checkpoint)
+    remote = is_url(req.checkpoint)
+    src = req.checkpoint if remote else os.path.abspath(local_path(req.checkpoint))
     mnt = os.path.realpath(req.mountpoint)
     debug = req.debug
     foreground = bool(req.foreground or debug and not req.log)
     options = req.options
     if options.get("rw"):
         raise MountError("the mount is read-only; -o rw is not possible")
-    check_checkpoint(src)
+    if not remote:
+        check_checkpoint(src)
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
     from ..model.opener import open_catalog
     from ..views.tree import TreeView
 
-    catalog = open_catalog(src, strict=req.strict)
+    catalog = open_catalog(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+    src = catalog.name  # a URL without its credentials: what the log, mount.json and /proc/mounts show
     view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
-    threads = req.threads
+    threads = req.threads or remote  # a read waiting on the network must not hold up every other request
     logfile = os.path.abspath(req.log) if req.log else None
 
     def run() -> None:
         from .fuse_ops import Operations, library_version, serve
 
         _setup_logging(debug, logfile, foreground)
-        info = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt, "libfuse": library_version(fuse),
-                "threads": threads, "options": options, "ckptfs": __version__}
+        info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
+                                "libfuse": library_version(fuse), "threads": threads, "options": options,
+                                "ckptfs": __version__}
+        if remote:  # how it is read; of the storage options only their names (values may be credentials)
+            info["remote"] = dataclasses.asdict(req.remote or RemoteOptions())
+            info["storage_options"] = sorted(req.storage_options or {})
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
         ops = Operations(view, fuse, mountpoint=mnt)
         ops.max_read = int(options.get("max_read", 0) or 0)

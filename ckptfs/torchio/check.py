@@ -6,6 +6,7 @@ unless ``trust`` is given; a file torch refuses is reported, not loaded unsafely
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from ..errors import CkptfsError
 from ..model.catalog import Catalog
 from ..model.index import COMPOSITE, TENSOR, Group
 from ..model.meta import Meta
+from ..source.fileobj import SourceFile
+from ..source.urls import is_url
 
 
 def _lookup(obj: Any, path: tuple[object, ...]) -> Any:
@@ -156,20 +159,23 @@ def load_reference(catalog: Catalog, path: str, trust: bool) -> Any:
     import torch
 
     kind = catalog.members[0].container.kind
+    remote = is_url(path)
+    # a remote checkpoint: torch reads it through the same source (its reads go by range, like ckptfs's)
+    target: Any = io.BufferedReader(SourceFile(catalog.members[0].source), 1 << 20) if remote else path
     try:
         if catalog.group is not None:
             return _group_reference(catalog, catalog.group, trust)
         if kind in ("safetensors", "dcp"):
             return _member_reference(catalog.members[0].container, trust)
         kwargs: dict[str, Any] = {"map_location": "cpu", "weights_only": not trust}
-        if kind == "zip":
+        if kind == "zip" and not remote:
             kwargs["mmap"] = True
         if kind == "torchscript":
             if not trust:  # torch.load would hand it to torch.jit.load, which runs its code
                 raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
                                   "(CVE-2025-32434); re-run with --trust if you trust the file", file=catalog.name)
-            return torch.jit.load(path, map_location="cpu")
-        return torch.load(path, **kwargs)
+            return torch.jit.load(target, map_location="cpu")
+        return torch.load(target, **kwargs)
     except CkptfsError:
         raise
     except Exception as e:  # noqa: BLE001 - torch's refusal is the result here

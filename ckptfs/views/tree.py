@@ -30,7 +30,7 @@ from typing import Any, Literal, cast
 
 from ..container.base import Attachment
 from ..dtypes import DTYPES, numpy_dtype
-from ..errors import CkptfsError, StaleSourceError, UnsupportedError
+from ..errors import CkptfsError, RemoteError, StaleSourceError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.extents import Content, ContentHandle, source_range
 from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
@@ -243,6 +243,8 @@ class TreeView:
         """The row's bytes, or None when they are not served (the sidecar says why)."""
         try:
             return self.catalog.data(self.index.resolve(row))
+        except (StaleSourceError, RemoteError):
+            raise  # the checkpoint cannot be read now: the open fails (EIO), the file is not made empty
         except CkptfsError as e:
             self._unserved[row] = e.reason
             return None

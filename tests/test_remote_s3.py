@@ -1,0 +1,82 @@
+"""s3:// checkpoints from a real S3 server (SeaweedFS): configured by the standard AWS_* variables (with
+AWS_ENDPOINT_URL) or by storage options; every entry point; bytes compared with torch.load of the uploaded file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import remote_state_dict, run_ckptfs, save, torch_bytes, torch_tensors
+
+import ckptfs
+
+KEY = "ckpts/s3-m.pth"
+
+
+@pytest.fixture(scope="module")
+def s3obj(seaweed, tmp_path_factory):
+    local = save(tmp_path_factory.mktemp("s3") / "m.pth", remote_state_dict())
+    url = seaweed.put(KEY, local)
+    return SimpleNamespace(local=local, url=url, expected=torch_tensors(local), env=seaweed.env())
+
+
+def _options(seaweed) -> dict:
+    return {"endpoint_url": seaweed.endpoint, "key": seaweed.access_key, "secret": seaweed.secret_key,
+            "client_kwargs": {"region_name": "us-east-1"}}
+
+
+def test_ls_with_the_aws_environment(s3obj):
+    """AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: nothing else to configure. (info and check
+    take the same path to the object: test_remote_http covers them.)"""
+    r = run_ckptfs("ls", "--json", s3obj.url, env=s3obj.env)
+    assert r.returncode == 0, r.stderr
+    rows = {m["key"]: m for m in map(json.loads, r.stdout.splitlines())}
+    for key, t in s3obj.expected.items():
+        assert rows[key]["shape"] == list(t.shape) and rows[key]["dtype"] == str(t.dtype).removeprefix("torch.")
+
+
+def test_without_credentials_the_error_says_so(s3obj, seaweed):
+    env = {k: v for k, v in s3obj.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    r = run_ckptfs("ls", s3obj.url, "--timeout", "5", env=env)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert s3obj.url in r.stderr and ("credentials" in r.stderr or "denied" in r.stderr), r.stderr
+
+
+def test_open_and_load_with_storage_options(s3obj, seaweed):
+    with ckptfs.open(s3obj.url, storage_options=_options(seaweed)) as ckpt:
+        assert ckpt.name == s3obj.url
+        for key, t in s3obj.expected.items():
+            assert ckpt.read(key) == torch_bytes(t), key
+        assert ckpt.read("big", 1_000_003, 500_000) == torch_bytes(s3obj.expected["big"])[1_000_003:1_500_003]
+    sd = ckptfs.load(s3obj.url, storage_options=_options(seaweed))
+    for key, t in s3obj.expected.items():
+        assert torch.equal(sd[key], t), key
+
+
+@pytest.mark.mount
+def test_mount_s3_and_no_secret_in_the_process_list(mount, s3obj, seaweed):
+    env = {k: v for k, v in s3obj.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    m = mount(s3obj.url, "--storage-option", f"key={seaweed.access_key}", "--storage-option",
+              f"secret={seaweed.secret_key}", "--storage-option", "client_kwargs.region_name=us-east-1", env=env)
+    for key, t in s3obj.expected.items():
+        assert m.path.joinpath(*key.split(".")).read_bytes() == torch_bytes(t), key
+    cmdline = Path(f"/proc/{m.pid}/cmdline").read_bytes().decode(errors="replace")
+    assert seaweed.secret_key not in cmdline and "secret=***" in cmdline, cmdline
+    assert "client_kwargs.region_name=us-east-1" in cmdline
+    for text in (m.log.read_text(), (m.path / ".ckptfs" / "mount.json").read_text()):
+        assert seaweed.secret_key not in text
+
+
+def test_an_object_replaced_while_open_is_refused(s3obj, seaweed, tmp_path):
+    key = "ckpts/s3-replaced.pth"
+    sd = remote_state_dict()
+    url = seaweed.put(key, save(tmp_path / "a.pth", sd))
+    with ckptfs.open(url, storage_options=_options(seaweed)) as ckpt:
+        assert ckpt.read("tail") == torch_bytes(sd["tail"])
+        sd["big"] = sd["big"] + 1
+        seaweed.put(key, save(tmp_path / "b.pth", sd))
+        with pytest.raises(ckptfs.StaleSourceError, match="replaced while in use"):
+            ckpt.read("big")
