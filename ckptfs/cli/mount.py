@@ -20,6 +20,9 @@ def register(sub: Any) -> None:
     sp.add_argument("-d", "--debug", action="store_true", default=argparse.SUPPRESS,
                     help="log FUSE calls (implies -f unless --log is given)")
     sp.add_argument("--threads", action="store_true", help="serve requests from several threads")
+    sp.add_argument("--view", choices=("tree", "safetensors"), default="tree",
+                    help="tree: every key a file (default; -o npy adds <tensor>.npy files); safetensors: the "
+                         "checkpoint (or an HF model directory) as safetensors files (docs/views.md)")
     sp.add_argument("--log", metavar="FILE", help="the daemon's log (read errors, -d traces); default: syslog")
     sp.set_defaults(func=cmd_mount)
 
@@ -37,7 +40,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         print(f"ckptfs: warning: {warning}", file=sys.stderr)
     mount(MountRequest(args.checkpoint, args.mountpoint, options, foreground=args.foreground,
                        debug=bool(getattr(args, "debug", False)), strict=args.strict, threads=args.threads,
-                       log=args.log))
+                       log=args.log, view=args.view))
     return EXIT_OK
 
 

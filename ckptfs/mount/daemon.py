@@ -107,13 +107,13 @@ def parse_options(groups: list[str]) -> dict[str, Any]:
     return out
 
 
-def check_checkpoint(path: str) -> None:
+def check_checkpoint(path: str, *, directory_ok: bool = False) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
         raise MountError(e.strerror or str(e), file=path) from None
     try:
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and not directory_ok:
             raise MountError("is a directory, not a checkpoint file", file=path)
     finally:
         os.close(fd)
@@ -223,6 +223,12 @@ class MountRequest:
     strict: bool = False
     threads: bool = False
     log: str | None = None
+    view: str = "tree"  # VIEWS: "tree" (keys as files), "safetensors" (the checkpoint as safetensors files)
+
+
+#: ``--view`` choices; ``-o`` options that belong to a view (not passed to FUSE)
+VIEWS = ("tree", "safetensors")
+VIEW_OPTIONS = {"npy": "tree"}
 
 
 def warnings_for(options: dict[str, Any]) -> list[str]:
@@ -243,15 +249,17 @@ def mount(req: MountRequest) -> None:
     options = req.options
     if options.get("rw"):
         raise MountError("the mount is read-only; -o rw is not possible")
-    check_checkpoint(src)
+    if req.view not in VIEWS:
+        raise MountError(f"--view {req.view!r}: expected one of {', '.join(VIEWS)}")
+    view_options = {k: options.pop(k) for k in list(options) if k in VIEW_OPTIONS}
+    for k in view_options:
+        if VIEW_OPTIONS[k] != req.view:
+            raise MountError(f"-o {k} applies to --view {VIEW_OPTIONS[k]}, not --view {req.view}")
+    check_checkpoint(src, directory_ok=req.view == "safetensors")
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    from ..model.opener import open_catalog
-    from ..views.tree import TreeView
-
-    catalog = open_catalog(src, strict=req.strict)
-    view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
+    view, catalog = _make_view(req, src, view_options)
     threads = req.threads
     logfile = os.path.abspath(req.log) if req.log else None
 
@@ -260,7 +268,8 @@ def mount(req: MountRequest) -> None:
 
         _setup_logging(debug, logfile, foreground)
         info = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt, "libfuse": library_version(fuse),
-                "threads": threads, "options": options, "ckptfs": __version__}
+                "threads": threads, "options": {**options, **view_options}, "view": req.view,
+                "ckptfs": __version__}
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
         ops = Operations(view, fuse, mountpoint=mnt)
         ops.max_read = int(options.get("max_read", 0) or 0)
@@ -282,6 +291,26 @@ def mount(req: MountRequest) -> None:
         catalog.close()
         return
     _daemonize(run, mnt)
+
+
+def _make_view(req: MountRequest, src: str, view_options: dict[str, Any]) -> tuple[Any, Any]:
+    """(mount source, catalog) of the view asked for."""
+    verify = os.environ.get("CKPTFS_VERIFY_READS", "1") != "0"
+    if req.view == "safetensors":
+        from ..views.model_dir import open_model
+        from ..views.safetensors_tree import SafetensorsTree
+
+        model = open_model(src, strict=req.strict)
+        try:
+            return SafetensorsTree(model, verify_reads=verify), model.catalog
+        except BaseException:
+            model.close()
+            raise
+    from ..model.opener import open_catalog
+    from ..views.tree import TreeView
+
+    catalog = open_catalog(src, strict=req.strict)
+    return TreeView(catalog, verify_reads=verify, npy=bool(view_options.get("npy"))), catalog
 
 
 def _detach_stderr(logfile: str | None) -> Any:
