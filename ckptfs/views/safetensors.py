@@ -424,17 +424,35 @@ def index_json(files: Sequence[tuple[str, SafetensorsFile]], omitted: dict[str, 
 
 
 def split_by_size(tensors: Sequence[TensorEntry], max_bytes: int) -> list[list[TensorEntry]]:
-    """Tensors in order, into shards of at most ``max_bytes`` of data each (a larger tensor alone), as
-    huggingface_hub's split does."""
-    shards: list[list[TensorEntry]] = [[]]
+    """Tensors into shards of at most ``max_bytes`` of data each, as huggingface_hub's split does: in order,
+    a new shard when the next tensor would tip the current one over; a tensor larger than ``max_bytes`` in a
+    shard of its own (placed before the one being filled); tensors sharing a storage (tied) in the shard of
+    the first of them."""
+    done: list[list[TensorEntry]] = []
+    current: list[TensorEntry] = []
     size = 0
+    first_of: dict[tuple[int, str], list[TensorEntry]] = {}  # storage -> the shard of its first tensor
     for e in tensors:
-        if shards[-1] and size + e.nbytes > max_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(e)
-        size += e.nbytes
-    return shards
+        ref = e.data.t.storage
+        sid = (id(ref.owner), ref.key) if ref is not None and ref.owner is not None else None
+        if sid is not None and sid in first_of:
+            first_of[sid].append(e)
+            continue
+        if e.nbytes > max_bytes:
+            done.append([e])
+            shard = done[-1]
+        else:
+            if current and size + e.nbytes > max_bytes:
+                done.append(current)
+                current, size = [], 0
+            current.append(e)
+            size += e.nbytes
+            shard = current
+        if sid is not None:
+            first_of[sid] = shard
+    if current or not done:
+        done.append(current)
+    return done
 
 
 def member_roots(catalog: Catalog) -> list[list[int]]:
