@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -64,8 +65,12 @@ class _Bar:
     def start(self, total: int) -> None:
         from tqdm import tqdm
 
+        try:
+            sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
+        except OSError:
+            sized = False
         self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=self.label,
-                        file=sys.stderr, dynamic_ncols=True, leave=True)
+                        file=sys.stderr, dynamic_ncols=sized, ncols=None if sized else 100, leave=True)
 
     def update(self, n: int, what: str) -> None:
         if self.bar is not None:
@@ -84,8 +89,6 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import os
-
     from ..api.export import DEFAULT_MAX_SHARD, export
 
     bar = _Bar(os.path.basename(args.destination.rstrip("/")) or args.destination) \
