@@ -426,7 +426,7 @@ class _Writer:
         strides (a transposed matrix too), and neither the buffer nor the mapped pages outgrow a box."""
         own, base, done = self._strided_source(e)
         try:
-            t = e.data.t
+            t = e.node
             mm = own.mmap()
             for box, runs, run_bytes, (lo, hi) in strided_boxes(t, mm, base, BOX_BYTES):
                 flat = memoryview(box.reshape(-1).view(np.uint8))  # type: ignore[arg-type]

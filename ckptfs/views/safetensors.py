@@ -37,7 +37,7 @@ from ..model.extents import Computed, Content, Literal, Piece
 from ..model.index import COMPOSITE, CONTAINERS, DICT, LEAF, LINK, OPAQUE, TENSOR, Index, component
 from ..model.meta import _jsonable
 from ..model.reader import TensorData
-from ..model.tensors import NO_DATA_KINDS
+from ..model.tensors import NO_DATA_KINDS, ensure_valid, nbytes
 from ..pickle.nodes import OpaqueObject, TensorNode
 
 #: torch dtype name -> safetensors dtype
@@ -68,30 +68,48 @@ RESERVED_PREFIX = "ckptfs."
 
 @dataclass
 class TensorEntry:
-    """One tensor of a safetensors file: its name, safetensors dtype and shape, and where its bytes are."""
+    """One tensor of a safetensors file: its name, safetensors dtype and shape, and where its bytes are (found
+    when first read: the header needs none of it)."""
 
     name: str
     row: int
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    data: TensorData
+    node: TensorNode = field(repr=False)
+    catalog: Catalog = field(repr=False)
     swap: int = 0  # byte-swap unit (big-endian file); 0: the bytes are little-endian already
     flags: tuple[str, ...] = ()  # torch's "conj" / "neg" bits, applied to the values served
+
+    @property
+    def data(self) -> TensorData:
+        """The tensor's bytes, planned (its storage bound on first use; raises CkptfsError if unreadable)."""
+        return self.catalog.data(self.row)
 
     def convert(self, buf: memoryview) -> None:
         """Turn stored bytes (whole elements) into this tensor's safetensors bytes, in place."""
         if self.swap or self.flags:
-            _convert_in_place(buf, self.swap, self.data.t.dtype.name, self.flags)
+            _convert_in_place(buf, self.swap, self.node.dtype.name, self.flags)
 
     def pieces(self, data: TensorData | None = None) -> list[Piece]:
         """The tensor's bytes as pieces (of ``data``, by default its own: an exporter may pass the same
-        tensor planned over another source of the same bytes)."""
-        d = data or self.data
+        tensor planned over another source of the same bytes). A tensor whose record turns out unreadable
+        is a piece whose reads fail (the rest of the file reads)."""
+        try:
+            d = data or self.data
+        except CkptfsError as e:
+            return [Computed(self.nbytes, _failing(e), "unreadable tensor")]
         if not self.swap and not self.flags:
             return list(d.content.pieces)
-        return [Computed(self.nbytes, _converter(d.content, self.data.t, self.swap, self.flags),
+        return [Computed(self.nbytes, _converter(d.content, self.node, self.swap, self.flags),
                          "byte swap" if not self.flags else "conj/neg", tuple(d.content.sources()))]
+
+
+def _failing(error: CkptfsError) -> Callable[[memoryview, int], None]:
+    def fill(buf: memoryview, offset: int) -> None:
+        raise error
+
+    return fill
 
 
 @dataclass
@@ -130,14 +148,13 @@ def select(catalog: Catalog, roots: Sequence[int] | None = None) -> Selection:
     kinds, nodes, keys = index.kinds, index.nodes, index.keys
     holds = _tensor_subtrees(index)
     sel = Selection()
-    names: set[str] = set()
     stack = list(reversed(roots)) if roots is not None else [0]
     while stack:
         i = stack.pop()
         kind = kinds[i]
         key = keys[i] if i else ROOT_NAME
         if kind == TENSOR:
-            _add_tensor(catalog, i, key, sel, names)
+            _add_tensor(catalog, i, key, sel)
         elif kind == COMPOSITE:
             t: TensorNode = nodes[i]  # type: ignore[assignment]
             what = _composite_text(t)
@@ -179,20 +196,13 @@ def omitted_notes(catalog: Catalog) -> dict[int, str]:
     return notes
 
 
-def _add_tensor(catalog: Catalog, row: int, key: str, sel: Selection, names: set[str]) -> None:
+def _add_tensor(catalog: Catalog, row: int, key: str, sel: Selection) -> None:
     t: TensorNode = catalog.index.nodes[row]  # type: ignore[assignment]
-    why = unsupported_reason(t)
-    if why is None:
-        why = _name_problem(key)
-    data = None
-    if why is None:
-        try:
-            data = catalog.data(row)
-        except CkptfsError as e:
-            why = e.reason
-    if why is not None or data is None:
-        sel.omitted[key] = why or "not readable"
-        sel.notes[row] = sel.omitted[key]
+    ensure_valid(t, catalog.limits.max_ndim)  # geometry against the storage's record (nothing read)
+    why = unsupported_reason(t) or _name_problem(key)
+    if why is not None:
+        sel.omitted[key] = why
+        sel.notes[row] = why
         return
     dtype = ST_DTYPES[t.dtype.name]
     shape = tuple(t.shape)
@@ -202,8 +212,7 @@ def _add_tensor(catalog: Catalog, row: int, key: str, sel: Selection, names: set
     unit = t.dtype.itemsize // (2 if t.dtype.name.startswith("complex") else 1)
     swap = unit if order == "big" and unit > 1 else 0
     flags = tuple(f for f in ("conj", "neg") if t.metadata and t.metadata.get(f) is True)
-    names.add(key)
-    sel.tensors.append(TensorEntry(key, row, dtype, shape, data.size, data, swap, flags))
+    sel.tensors.append(TensorEntry(key, row, dtype, shape, nbytes(t), t, catalog, swap, flags))
 
 
 def unsupported_reason(t: TensorNode) -> str | None:
@@ -433,7 +442,7 @@ def split_by_size(tensors: Sequence[TensorEntry], max_bytes: int) -> list[list[T
     size = 0
     first_of: dict[tuple[int, str], list[TensorEntry]] = {}  # storage -> the shard of its first tensor
     for e in tensors:
-        ref = e.data.t.storage
+        ref = e.node.storage
         sid = (id(ref.owner), ref.key) if ref is not None and ref.owner is not None else None
         if sid is not None and sid in first_of:
             first_of[sid].append(e)

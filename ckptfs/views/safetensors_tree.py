@@ -121,8 +121,12 @@ class SafetensorsTree:
         return node
 
     def _opener(self, st: SafetensorsFile) -> Callable[[], ContentHandle]:
+        made: list[Content] = []  # the content, planned at the first open (binds every tensor's storage)
+
         def open_() -> ContentHandle:
-            content = st.content()
+            if not made:
+                made.append(st.content())
+            content = made[0]
             sources = content.sources()
             for s in sources:
                 s.check_unchanged()
