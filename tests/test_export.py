@@ -61,6 +61,27 @@ def test_tied_strided_and_big_endian_tensors(tmp_path):
             assert torch.equal(loaded[k], ref[k].contiguous()), (src.name, k)
 
 
+def test_deflated_records_and_strided_views_of_them(tmp_path):
+    """Records compressed in the zip (no range of the file to copy or map): contiguous tensors are inflated
+    through the buffer, strided ones gathered from a spooled copy of their storage (removed afterwards)."""
+    import zipfile
+
+    base = torch.randn(300, 200)
+    stored = save(tmp_path / "stored.pth", {"t": base.t(), "c": base, "s": base[::3, 1::2],
+                                            "bt": torch.arange(60, dtype=torch.int16).reshape(6, 10).t()})
+    deflated = tmp_path / "deflated.pth"
+    with zipfile.ZipFile(stored) as zin, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info.filename))
+    ref = torch.load(deflated, weights_only=True)
+    out = tmp_path / "d.safetensors"
+    export_ok(str(deflated), str(out), "--verify")
+    loaded = st.load_file(out)
+    for k in ref:
+        assert torch.equal(loaded[k], ref[k].contiguous()), k
+    assert sorted(os.listdir(tmp_path)) == ["d.safetensors", "deflated.pth", "stored.pth"]  # no spool left
+
+
 def test_directory_output_is_hf_s_layout(tmp_path):
     torch.manual_seed(2)
     sd = {f"layers.{i}.w": torch.randn(100 * (i + 1)) for i in range(8)} | {"epoch": 4}

@@ -289,6 +289,10 @@ def _subtree(index: Index, i: int) -> Iterable[int]:
 
 
 def _add_value(index: Index, row: int, key: str, sel: Selection) -> None:
+    problem = _name_problem(key)
+    if problem is not None:
+        sel.omitted[key] = f"a value: {problem}"
+        return
     if key == FORMAT_KEY or key.startswith(RESERVED_PREFIX):  # ckptfs's own metadata keys win
         n = 2
         while f"{key}#{n}" in sel.values:
