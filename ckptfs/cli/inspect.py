@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import CkptfsError, oneline
+from ..views.safetensors import omitted_notes  # (imported with the module: ls imports nothing while it reads)
 from .common import (
     EXIT_OK,
     add_checkpoint_args,
@@ -45,7 +46,6 @@ def register(sub: Any) -> None:
 def cmd_ls(args: argparse.Namespace) -> int:
     from .. import open as ckpt_open
     from ..model.tensors import nbytes, validate_all
-    from ..views.safetensors import omitted_notes
 
     with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args)) as ckpt:
         index = ckpt.index
