@@ -151,6 +151,9 @@ def test_overwrite_only_with_force_and_clear_errors(tmp_path):
     assert r.returncode == 1 and "does not exist" in r.stderr
     r = run_ckptfs("export", str(tmp_path / "missing.pth"), str(tmp_path / "m.safetensors"))
     assert r.returncode == 1 and "missing.pth" in r.stderr and not (tmp_path / "m.safetensors").exists()
+    before = p.read_bytes()
+    r = run_ckptfs("export", str(p), str(p), "--force")  # over its own source: refused, whatever --force says
+    assert r.returncode == 1 and "is the checkpoint being exported" in r.stderr and p.read_bytes() == before
     r = run_ckptfs("export", str(p), str(tmp_path / "x"), "--max-shard-size", "lots")
     assert r.returncode == 2 and "not a size" in r.stderr
     assert not [n for n in os.listdir(tmp_path) if ".ckptfs-" in n]  # no temporary file left anywhere

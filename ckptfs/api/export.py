@@ -127,6 +127,9 @@ def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
     single = dst.endswith(".safetensors") and not os.path.isdir(dst)
     if max_shard_size <= 0:
         raise CkptfsError(f"max_shard_size must be positive (got {max_shard_size})")
+    if isinstance(src, (str, os.PathLike)) and os.path.lexists(dst) and os.path.exists(src) \
+            and os.path.samefile(src, dst):
+        raise CkptfsError("is the checkpoint being exported (choose another destination)", file=dst)
     _check_destination(dst, single, force)
     owned = not isinstance(src, (Catalog, Checkpoint))
     model = open_model(src.catalog if isinstance(src, Checkpoint) else src, strict=strict, limits=limits,
@@ -193,8 +196,6 @@ def _check_destination(dst: str, single: bool, force: bool) -> None:
         raise CkptfsError("the directory to write in does not exist", file=parent)
     if not os.path.lexists(dst):
         return
-    if single and os.path.isdir(dst):
-        raise CkptfsError("is a directory", file=dst)
     if not single and os.path.isdir(dst) and not os.listdir(dst):
         return  # an empty directory made for the export
     if not force:
