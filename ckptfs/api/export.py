@@ -342,6 +342,7 @@ class _Writer:
         self.kernel_copy = hasattr(os, "copy_file_range")
         self.kernel_copied = 0
         self.holes = 0
+        self._dirty = 0
         self._private: dict[int, LocalFile] = {}  # id(LocalFile of the catalog) -> our own LocalFile of it
         self._spools = 0
 
@@ -349,6 +350,14 @@ class _Writer:
         for f in self._private.values():
             f.close()
         self._private.clear()
+
+    def _wrote(self, fd: int, n: int) -> None:
+        """Start writing back what was written (every WRITEBACK_EVERY bytes): the final fsync then waits for
+        the last stretch only, not for the whole file (the disk works while we copy)."""
+        self._dirty += n
+        if self._dirty >= WRITEBACK_EVERY:
+            self._dirty = 0
+            _start_writeback(fd)
 
     def _tick(self, n: int, what: str) -> None:
         if self.progress is not None and n:
@@ -438,6 +447,8 @@ class _Writer:
                         _pwrite_all(fd, chunk, pos + start)
                     else:
                         _compare(fd, chunk, pos + start, compare, e.name)
+                if compare is None:
+                    self._wrote(fd, len(runs) * run_bytes)
                 del flat, box
                 try:
                     mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
@@ -486,6 +497,7 @@ class _Writer:
         for piece in content.pieces:
             if isinstance(piece, Literal):
                 _pwrite_all(fd, memoryview(piece.data), pos)
+                self._wrote(fd, piece.size)
                 if count:
                     self._tick(piece.size, what)
             elif isinstance(piece, SourceRange) and piece.region() is not None:
@@ -504,6 +516,7 @@ class _Writer:
             k = min(CHUNK, piece.size - at)
             piece.readinto(mv[:k], at)
             _pwrite_all(fd, mv[:k], pos + at)
+            self._wrote(fd, k)
             at += k
             if what:
                 self._tick(k, what)
@@ -538,6 +551,7 @@ class _Writer:
                     k = 0
                 else:
                     self.kernel_copied += k
+                    self._wrote(fd, k)
             if k <= 0:  # no kernel copy here (or the source ended early: read and see)
                 k = min(CHUNK, n - at)
                 got = os.preadv(src, [mv[:k]], start + at)
@@ -546,9 +560,31 @@ class _Writer:
                                            file=self.dst)
                 k = got
                 _pwrite_all(fd, mv[:k], pos + at)
+                self._wrote(fd, k)
             at += k
             if what:
                 self._tick(k, what)
+
+
+#: Bytes written between two requests to start writeback (sync_file_range).
+WRITEBACK_EVERY = 64 << 20
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: list[Any] = []
+
+
+def _start_writeback(fd: int) -> None:
+    """sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE): start writing the file's dirty pages, without waiting
+    (Linux; elsewhere nothing: the final fsync does it all)."""
+    if not _sync_file_range:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+            _sync_file_range.append(fn)
+        except (OSError, AttributeError):
+            _sync_file_range.append(None)
+    fn = _sync_file_range[0]
+    if fn is not None:
+        fn(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
