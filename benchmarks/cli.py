@@ -12,19 +12,21 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import cases_api, cases_formats, cases_index, cases_mount, cases_remote, config, report
+from . import cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_views, config, report
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
 # report order
 CASES = {}
-for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_formats.CASES, cases_remote.CASES):
+for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_formats.CASES, cases_remote.CASES,
+               cases_views.CASES):
     CASES.update(family)
 ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-warm",
          "random-4k", "memmap-cold", "memmap-warm", "transposed", "api-tensor-tiny", "api-numpy-tiny",
          "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory",
          "index-shards-st", "index-shards-bin", "mount-ready-30-shards", "index-dcp", "mount-ready-dcp",
-         "remote-ls-1gb", "remote-seq", "remote-random-4k", "remote-seq-20ms", "remote-random-20ms"]
+         "remote-ls-1gb", "remote-seq", "remote-random-4k", "remote-seq-20ms", "remote-random-20ms",
+         "export-1gb", "view-first-tensor", "view-hf-load"]
 assert sorted(ORDER) == sorted(CASES), "every case must have a place in the report"
 # the datasets each case uses (generated before the first case runs)
 NEEDS = {
@@ -38,6 +40,7 @@ NEEDS = {
     "mount-ready-30-shards": ["shards_st", "shards_bin"], "index-dcp": ["dcp"], "mount-ready-dcp": ["dcp"],
     "remote-ls-1gb": ["big"], "remote-seq": ["mount"], "remote-random-4k": ["mount"],
     "remote-seq-20ms": ["mount"], "remote-random-20ms": ["mount"],
+    "export-1gb": ["big"], "view-first-tensor": ["big"], "view-hf-load": [],
 }
 assert sorted(NEEDS) == sorted(CASES)
 

@@ -6,6 +6,7 @@
             print(key, ckpt.meta(key).shape)
         w = ckpt.numpy("fc.weight")          # zero-copy when the bytes are stored contiguously
     sd = ckptfs.load("model.pth")            # lazy state_dict: model.load_state_dict(sd)
+    ckptfs.export("model.pth", "model.safetensors")  # safetensors, streamed with bounded memory
 
 Importing ckptfs never imports torch; only ``Checkpoint.tensor`` and ``ckptfs.load`` do.
 """
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ByteSource", "Catalog", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
-    "RemoteError", "RemoteOptions", "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError", "load",
-    "memmap", "open",
+    "RemoteError", "RemoteOptions", "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError",
+    "export", "load", "memmap", "open",
 ]
 
 
@@ -70,6 +71,15 @@ def load(path: str | os.PathLike[str], map_location: Any = "cpu", dtype: Any = N
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
                  strict=strict, mmap=mmap, storage_options=storage_options, remote=remote)
+
+
+def export(src: str | os.PathLike[str] | ByteSource | Checkpoint, dst: str | os.PathLike[str], **kwargs: Any) -> Any:
+    """Write a checkpoint (file, HF model directory, URL, open Checkpoint) as safetensors: one file when
+    ``dst`` ends with ``.safetensors``, else an HF sharded directory. Streams tensor by tensor with
+    bounded memory; keyword arguments and the result: :func:`ckptfs.api.export.export` (docs/views.md)."""
+    from .api.export import export as _export
+
+    return _export(src, dst, **kwargs)
 
 
 def memmap(path: str | os.PathLike[str], mode: MemmapMode = "r") -> Any:

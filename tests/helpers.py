@@ -458,3 +458,23 @@ def torch_tensors(path: Path | str) -> dict[str, torch.Tensor]:
     """Every top-level tensor of a state_dict file as torch.load gives it."""
     loaded = torch.load(path, map_location="cpu", weights_only=True)
     return {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
+
+
+# --- HF model directories -----------------------------------------------------------------------------------
+
+
+def write_hf_bin_shards(d: Path, state_dict: dict, max_shard_size: int | str = "5GB",
+                        prefix: str = "pytorch_model") -> list[str]:
+    """PyTorch weights as transformers wrote them before safetensors: huggingface_hub's own split of the
+    state_dict, one torch.save per shard, and ``<prefix>.bin.index.json`` (indent=2, sorted keys) when there
+    are several. Returns the shard file names in order."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    split = split_torch_state_dict_into_shards(state_dict, filename_pattern=prefix + "{suffix}.bin",
+                                               max_shard_size=max_shard_size)
+    for name, keys in split.filename_to_tensors.items():
+        torch.save({k: state_dict[k] for k in keys}, Path(d) / name)
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (Path(d) / f"{prefix}.bin.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return list(split.filename_to_tensors)

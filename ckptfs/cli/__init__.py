@@ -13,13 +13,13 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import CkptfsError, brief, oneline
-from . import check, inspect, mount
+from . import check, export, inspect, mount
 from .common import EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
 from .proctitle import scrub_if_needed
 
 __all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-COMMANDS = (inspect, check, mount)
+COMMANDS = (inspect, check, mount, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

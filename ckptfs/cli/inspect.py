@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import CkptfsError, oneline
+from ..views.safetensors import omitted_notes  # (imported with the module: ls imports nothing while it reads)
 from .common import (
     EXIT_OK,
     add_checkpoint_args,
@@ -59,13 +60,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 continue
             rows.append(ckpt.meta(key))
         if args.json:
+            not_held = omitted_notes(ckpt.catalog)
             for m in rows:
-                print(json_text(m.to_dict()))
+                d = m.to_dict()
+                why = not_held.get(ckpt.row(m.key)) if m.kind == "tensor" else None
+                if why:
+                    d["not_in_safetensors"] = why
+                print(json_text(d))
             return EXIT_OK
         if args.tree:
             print_tree(ckpt, rows, args)
             return EXIT_OK
         size = (lambda n: str(n)) if args.bytes else human
+        not_held = omitted_notes(ckpt.catalog)  # what a safetensors view / export leaves out, and why
         table = [("KEY", "DTYPE", "SHAPE", "SIZE", "")]
         n_t = total = 0
         for m in rows:
@@ -76,6 +83,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 n_t += 1
                 total += nb
                 note = t.error and f"error: {t.error}" or t.unsupported and f"({t.kind}: not served)" or ""
+                why = not_held.get(ckpt.row(m.key)) if not t.error else None
+                if why:
+                    note = (note + "; " if note else "") + f"(not in safetensors: {why})"
                 table.append((oneline(m.key), t.dtype.name, shape_text(t.shape), size(nb), oneline(note) if note else ""))
             else:
                 table.append((oneline(m.key), oneline(m.type or m.kind), "-", "-", leaf_preview(ckpt.value(m.key))))

@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     sp.add_argument("--threads", action="store_true",
                     help="serve requests from several threads (always, for a URL: a read waiting on the network "
                          "must not hold up the others)")
+    sp.add_argument("--view", choices=("tree", "safetensors"), default="tree",
+                    help="tree: every key a file (default; -o npy adds <tensor>.npy files); safetensors: the "
+                         "checkpoint (or an HF model directory) as safetensors files (docs/views.md)")
     sp.add_argument("--log", metavar="FILE", help="the daemon's log (read errors, -d traces); default: syslog")
     add_remote_args(sp)
     sp.set_defaults(func=cmd_mount)
@@ -41,7 +44,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     storage_options, remote = remote_from(args)
     mount(MountRequest(args.checkpoint, args.mountpoint, options, foreground=args.foreground,
                        debug=bool(getattr(args, "debug", False)), strict=args.strict, threads=args.threads,
-                       log=args.log, storage_options=storage_options, remote=remote))
+                       log=args.log, storage_options=storage_options, remote=remote, view=args.view))
     return EXIT_OK
 
 

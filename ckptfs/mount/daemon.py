@@ -229,6 +229,12 @@ class MountRequest:
     log: str | None = None
     storage_options: dict[str, Any] | None = None  # a URL's backend options (credentials: never shown)
     remote: RemoteOptions | None = None  # how a URL is read (timeout, caches)
+    view: str = "tree"  # VIEWS: "tree" (keys as files), "safetensors" (the checkpoint as safetensors files)
+
+
+#: ``--view`` choices; ``-o`` options that belong to a view (not passed to FUSE)
+VIEWS = ("tree", "safetensors")
+VIEW_OPTIONS = {"npy": "tree"}
 
 
 def warnings_for(options: dict[str, Any]) -> list[str]:
@@ -250,17 +256,19 @@ def mount(req: MountRequest) -> None:
     options = req.options
     if options.get("rw"):
         raise MountError("the mount is read-only; -o rw is not possible")
+    if req.view not in VIEWS:
+        raise MountError(f"--view {req.view!r}: expected one of {', '.join(VIEWS)}")
+    view_options = {k: options.pop(k) for k in list(options) if k in VIEW_OPTIONS}
+    for k in view_options:
+        if VIEW_OPTIONS[k] != req.view:
+            raise MountError(f"-o {k} applies to --view {VIEW_OPTIONS[k]}, not --view {req.view}")
     if not remote:
         check_checkpoint(src)
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    from ..model.opener import open_catalog
-    from ..views.tree import TreeView
-
-    catalog = open_catalog(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+    view, catalog = _make_view(req, src, view_options)
     src = catalog.name  # a URL without its credentials: what the log, mount.json and /proc/mounts show
-    view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
     threads = req.threads or remote  # a read waiting on the network must not hold up every other request
     logfile = os.path.abspath(req.log) if req.log else None
 
@@ -269,8 +277,8 @@ def mount(req: MountRequest) -> None:
 
         _setup_logging(debug, logfile, foreground)
         info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
-                                "libfuse": library_version(fuse), "threads": threads, "options": options,
-                                "ckptfs": __version__}
+                                "libfuse": library_version(fuse), "threads": threads,
+                                "options": {**options, **view_options}, "view": req.view, "ckptfs": __version__}
         if remote:  # how it is read; of the storage options only their names (values may be credentials)
             info["remote"] = dataclasses.asdict(req.remote or RemoteOptions())
             info["storage_options"] = sorted(req.storage_options or {})
@@ -295,6 +303,26 @@ def mount(req: MountRequest) -> None:
         catalog.close()
         return
     _daemonize(run, mnt)
+
+
+def _make_view(req: MountRequest, src: str, view_options: dict[str, Any]) -> tuple[Any, Any]:
+    """(mount source, catalog) of the view asked for."""
+    verify = os.environ.get("CKPTFS_VERIFY_READS", "1") != "0"
+    if req.view == "safetensors":
+        from ..views.model_dir import open_model
+        from ..views.safetensors_tree import SafetensorsTree
+
+        model = open_model(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+        try:
+            return SafetensorsTree(model, verify_reads=verify), model.catalog
+        except BaseException:
+            model.close()
+            raise
+    from ..model.opener import open_catalog
+    from ..views.tree import TreeView
+
+    catalog = open_catalog(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+    return TreeView(catalog, verify_reads=verify, npy=bool(view_options.get("npy"))), catalog
 
 
 def _detach_stderr(logfile: str | None) -> Any:

@@ -16,6 +16,8 @@ Nodes are ints (0 is the root directory). What each kind of node holds (docs/lay
 * ``/.ckptfs/code/<path>``: a TorchScript archive's sources; ``/.ckptfs/files/<path>``: the other files of
   a checkpoint directory (config.json ...), byte-exact, each top-level one also reachable from the root by
   a symlink of its own name when that name is free (``/config.json -> .ckptfs/files/config.json``).
+* with ``npy=True`` (``-o npy``), ``<name>.npy`` next to each tensor file: a numpy header and the same
+  bytes (:mod:`ckptfs.views.npy`), so ``np.load(path, mmap_mode="r")`` is the tensor.
 
 Only the index and small rendered metadata live in memory: tensor bytes are always read from the file.
 """
@@ -36,11 +38,12 @@ from ..model.extents import Content, ContentHandle, source_range
 from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
 from ..model.meta import Meta, _jsonable
 from ..model.reader import TensorData
-from ..model.tensors import nbytes
+from ..model.tensors import NO_DATA_KINDS, nbytes
 from ..pickle.nodes import TensorNode
 from ..source import ByteSource
 from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
 from .namespace import LINK as NS_LINK
+from .npy import npy_content
 
 __all__ = ["TreeView", "memmap_from_sidecar", "DIR", "FILE", "NS_LINK"]
 
@@ -57,12 +60,15 @@ CODE_DIR = "code"  # /.ckptfs/code/: a TorchScript archive's sources, as text
 FILES_DIR = "files"  # /.ckptfs/files/: a checkpoint directory's other files (config.json ...)
 #: Sidecars are not nodes of the tree (half the nodes of a state_dict): the sidecar of node n is n + SIDECAR.
 SIDECAR = 1 << 40
+#: With ``npy``: the .npy file of tensor node n is n + NPY (NPY is a multiple of SIDECAR: parent() holds).
+NPY = 1 << 41
+NPY_SUFFIX = ".npy"
 
 
 class TreeView:
     """The mount source of a checkpoint (a catalog of one file or several): its tree of names and files."""
 
-    def __init__(self, catalog: Catalog, *, verify_reads: bool = True) -> None:
+    def __init__(self, catalog: Catalog, *, verify_reads: bool = True, npy: bool = False) -> None:
         self.catalog = catalog
         self.index = index = catalog.index
         self.verify_reads = verify_reads
@@ -74,6 +80,8 @@ class TreeView:
         self.role: dict[int, int] = {}  # the reserved files
         self.has_sidecar = {row_node[r] for r, k in enumerate(kinds)  # nodes with a <name>.json
                             if k in SIDECAR_KINDS or k == LEAF and type(nodes[r]) not in PLAIN_LEAVES}
+        #: tensor files with a <name>.npy beside them (``npy``)
+        self.has_npy = {row_node[r] for r, k in enumerate(kinds) if k == TENSOR and row_node[r] > 0} if npy else set()
         reserved = tree.add(0, RESERVED_DIR, DIR)
         self.index_json_node = tree.add(reserved, INDEX_JSON, FILE)
         self.role[self.index_json_node] = _INDEX
@@ -150,6 +158,10 @@ class TreeView:
             main = tree.lookup(parts[:-1] + [parts[-1][: -len(SIDECAR_SUFFIX)]])
             if main is not None and main in self.has_sidecar:
                 return main + SIDECAR
+        if node is None and self.has_npy and parts[-1].endswith(NPY_SUFFIX):
+            main = tree.lookup(parts[:-1] + [parts[-1][: -len(NPY_SUFFIX)]])
+            if main is not None and main in self.has_npy:
+                return main + NPY
         return node
 
     def node_type(self, node: int) -> int:
@@ -160,12 +172,14 @@ class TreeView:
 
     def listdir(self, node: int) -> list[tuple[str, int]]:
         """(name, node) of a directory's entries, in checkpoint order (a sidecar after its entry)."""
-        has = self.has_sidecar
+        has, npy = self.has_sidecar, self.has_npy
         out = []
         for name, child in self.tree.entries[node].items():
             out.append((name, child))
             if child in has:
                 out.append((name + SIDECAR_SUFFIX, child + SIDECAR))
+            if child in npy:
+                out.append((name + NPY_SUFFIX, child + NPY))
         return out
 
     def parent(self, node: int) -> int:
@@ -194,7 +208,7 @@ class TreeView:
         return os.path.relpath(target or ".", here or ".")
 
     def __len__(self) -> int:
-        return len(self.tree) + len(self.has_sidecar)
+        return len(self.tree) + len(self.has_sidecar) + len(self.has_npy)
 
     def total_bytes(self) -> int:
         """Bytes of tensor data (for statfs)."""
@@ -212,6 +226,8 @@ class TreeView:
         return s
 
     def _size(self, node: int) -> int:
+        if node >= NPY:
+            return self._npy(node - NPY).size
         tree = self.tree
         if node < SIDECAR and tree.types[node] == DIR:
             return 0
@@ -251,6 +267,8 @@ class TreeView:
 
     def content(self, node: int) -> Content:
         """What a file node holds, as pieces."""
+        if node >= NPY:
+            return self._npy(node - NPY)
         data = self._rendered(node)
         if data is not None:
             return Content.of_bytes(data)
@@ -271,6 +289,15 @@ class TreeView:
             return Content([source_range(source, 0, attached.size)])
         reader = self._reader(self.tree.rows[node])
         return reader.content if reader is not None else Content(())
+
+    def _npy(self, main: int) -> Content:
+        """The .npy file of tensor node ``main``: empty when the tensor's bytes are not served or it has no
+        data (a meta tensor), like the tensor file itself (its sidecar says why)."""
+        row = self.index.resolve(self.tree.rows[main])
+        reader = self._reader(row)
+        if reader is None or reader.t.kind in NO_DATA_KINDS:
+            return Content(())
+        return npy_content(reader, self.catalog.byteorder_of(reader.t, row))
 
     def open(self, node: int) -> ContentHandle:
         """A handle with ``readinto(buf, offset)``. Checks that the checkpoint is unchanged (raises
