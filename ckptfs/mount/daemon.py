@@ -256,11 +256,13 @@ def mount(req: MountRequest) -> None:
     logfile = os.path.abspath(req.log) if req.log else None
 
     def run() -> None:
-        from .fuse_ops import Operations, library_version, serve
+        from .fuse_ops import Operations, library_version, serve, splice_wanted
 
         _setup_logging(debug, logfile, foreground)
+        fuse_opts = dict(options)
+        splice = splice_wanted(fuse, fuse_opts)  # reads answered by splicing the checkpoint's pages
         info = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt, "libfuse": library_version(fuse),
-                "threads": threads, "options": options, "ckptfs": __version__}
+                "threads": threads, "splice": splice, "options": options, "ckptfs": __version__}
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
         ops = Operations(view, fuse, mountpoint=mnt)
         ops.max_read = int(options.get("max_read", 0) or 0)
@@ -269,7 +271,8 @@ def mount(req: MountRequest) -> None:
         log.info("mounting %s at %s (libfuse %s, %s)", src, mnt, library_version(fuse),
                  "multi-threaded" if threads else "single-threaded")
         try:
-            serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=options, ops=ops)
+            serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=fuse_opts, ops=ops,
+                  splice=splice)
         except RuntimeError as e:  # fuse_main's status: libfuse printed why on stderr
             if not ops.ready.is_set():
                 raise MountError(f"mount failed (libfuse status {e})", file=mnt) from None
