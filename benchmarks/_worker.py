@@ -539,7 +539,6 @@ def op_memmap_threads(spec: dict, mods: dict) -> dict:
         if crc != mapped:
             raise RuntimeError(f"the mapped bytes of {path} differ from {verify[0]} at offset {verify[1]}")
     nbytes = int(arr.nbytes)
-    del arr
     return {"seconds": seconds, "bytes": nbytes, "bytes_per_s": nbytes / seconds, "sum": sum(sums),
             "faults": ru.ru_minflt + ru.ru_majflt - faults0}
 

@@ -30,7 +30,7 @@ def scale_curve(ctx: Context) -> CaseResult:
     runs = []
     for n in sizes:
         pth, st = ctx.data.get(f"scale{n}"), ctx.data.get(f"scale{n}.st")
-        for impl, label, is_ck in SCALE_IMPLS:
+        for impl, label, _ in SCALE_IMPLS:
             row = Row(f"{label}, {n:,} tensors", series=impl)
             res.rows.append(row)
             spec = {"op": "index", "impl": impl, "path": st if impl == "safetensors" else pth}

@@ -98,7 +98,7 @@ def reads_figure(results: list[CaseResult], path: str) -> bool:
                 ys.append(i + (j - (len(series) - 1) / 2) * height)
                 xs.append(bars[s])
         ax.barh(ys, xs, height=height * 0.95, color=READ_SERIES[s], label=s)
-        for y, x in zip(ys, xs):
+        for y, x in zip(ys, xs, strict=True):
             ax.text(x, y, f" {x:.2g}", va="center", fontsize=7)
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([c[0] for c in cases])

@@ -15,7 +15,6 @@ from typing import Callable, Iterable, Protocol, Sequence, Union
 from ..errors import FormatError
 from ..source import ByteSource, FileRegion, SubRange
 
-
 #: A stretch of a file's bytes as they lie somewhere: ``(fd, position, length)`` in a local file, or the
 #: bytes themselves (a literal piece). See :meth:`Content.file_spans`.
 FileSpan = Union[tuple[int, int, int], bytes]

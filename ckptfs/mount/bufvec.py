@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 from typing import Sequence, Union
 
 FUSE_BUF_IS_FD = 1 << 1
 FUSE_BUF_FD_SEEK = 1 << 2
 FUSE_BUF_FD_RETRY = 1 << 3  # libfuse loops on a short splice instead of finishing the reply by copying
+
+_FD_FLAGS = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK | FUSE_BUF_FD_RETRY
 
 #: a span of a reply: ``(fd, position, length)`` of a local file, or bytes
 Span = Union[tuple[int, int, int], bytes]
@@ -45,6 +48,20 @@ class _Header(ctypes.Structure):
     _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t)]
 
 
+def _packer(cls: type[ctypes.Structure]) -> struct.Struct:
+    """A struct.Struct laying out ``cls``'s fields at the offsets ctypes gives them (padding included), so a
+    vector is packed in one call per entry instead of one ctypes attribute write per field."""
+    fmt, pos = "=", 0
+    for name, ctype in cls._fields_:  # type: ignore[misc]
+        field = getattr(cls, name)
+        fmt += "x" * (field.offset - pos)
+        size = ctypes.sizeof(ctype)
+        signed = ctype in (ctypes.c_int, ctypes.c_int64)
+        fmt += {4: "i" if signed else "I", 8: "q" if signed else "Q"}[size]
+        pos = field.offset + size
+    return struct.Struct(fmt + "x" * (ctypes.sizeof(cls) - pos))
+
+
 class Replies:
     """Makes the ``struct fuse_bufvec`` a ``read_buf`` callback returns, for one libfuse version."""
 
@@ -52,6 +69,9 @@ class Replies:
         self.buf_type = _buf_type(version >= (3, 17))
         self.entry = ctypes.sizeof(self.buf_type)
         self.header = ctypes.sizeof(_Header)
+        self._pack_entry = _packer(self.buf_type)
+        self._extra = (0,) * (len(self.buf_type._fields_) - 5)  # mem_size (libfuse >= 3.17): 0, ours
+        self._pack_header = _packer(_Header)
 
     def _vector(self, count: int) -> int:
         size = self.header + max(count, 1) * self.entry
@@ -63,29 +83,39 @@ class Replies:
         return addr
 
     def _entry(self, vec: int, i: int) -> ctypes.Structure:
-        return self.buf_type.from_address(vec + self.header + i * self.entry)  # type: ignore[no-any-return]
+        return self.buf_type.from_address(vec + self.header + i * self.entry)
 
     def spans(self, spans: Sequence[Span]) -> int:
         """A vector of file spans (spliced by libfuse) and literal bytes (copied into malloc'd memory)."""
-        vec = self._vector(len(spans))
+        count = len(spans)
+        packed = bytearray(self.header + max(count, 1) * self.entry)
+        self._pack_header.pack_into(packed, 0, count, 0, 0)
+        pack, extra = self._pack_entry.pack_into, self._extra
+        mems: list[int] = []
         try:
-            for i, span in enumerate(spans):
-                buf = self._entry(vec, i)
+            at = self.header
+            for span in spans:
                 if isinstance(span, bytes):
+                    mem = 0
                     if span:
                         mem = _malloc(len(span))
                         if not mem:
                             raise MemoryError("malloc failed")
+                        mems.append(mem)
                         ctypes.memmove(mem, span, len(span))
-                        buf.mem = mem
-                    buf.size = len(span)
+                    pack(packed, at, len(span), 0, mem, 0, 0, *extra)
                 else:
                     fd, pos, n = span
-                    buf.flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK | FUSE_BUF_FD_RETRY
-                    buf.fd, buf.pos, buf.size = fd, pos, n
+                    pack(packed, at, n, _FD_FLAGS, 0, fd, pos, *extra)
+                at += self.entry
+            vec = _malloc(len(packed))
+            if not vec:
+                raise MemoryError("malloc failed")
         except BaseException:
-            self.release(vec)
+            for mem in mems:
+                _free(mem)
             raise
+        ctypes.memmove(vec, bytes(packed), len(packed))
         return vec
 
     def memory(self, size: int) -> tuple[int, int]:

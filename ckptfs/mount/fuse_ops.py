@@ -222,6 +222,10 @@ class Operations:
             conn.max_read = self.max_read  # libfuse3 refuses a max_read option that init does not repeat
         if conn is not None and self.splice and conn.capable & CAP_SPLICE_WRITE:
             conn.want |= CAP_SPLICE_WRITE  # replies naming a file descriptor are spliced, not copied
+        if conn is not None and os.environ.get("CKPTFS_EXP_NOAID"):  # EXPERIMENT
+            conn.want &= ~(1 << 12)
+        if conn is not None and os.environ.get("CKPTFS_EXP_BG"):  # EXPERIMENT
+            conn.max_background = int(os.environ["CKPTFS_EXP_BG"])
         self.init("/")
 
     def _after_mount(self) -> None:
@@ -379,7 +383,10 @@ class Operations:
         if spans is not None:
             bufpp[0] = replies.spans(spans)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("read %s [%d, +%d): %d span(s) by file descriptor", entry[1], offset, size, len(spans))
+                by_fd = sum(sp[2] for sp in spans if not isinstance(sp, bytes))
+                literal = sum(len(sp) for sp in spans if isinstance(sp, bytes))
+                log.debug("read %s [%d, +%d): %d bytes by file descriptor, %d literal", entry[1], offset, size, by_fd,
+                          literal)
             return 0
         vec, mem = replies.memory(size)
         n = self.read_at(fh, mem, size, offset)
