@@ -182,8 +182,9 @@ class _Storage:
 
 
 class _Tensor:
-    def __init__(self, storage: _Storage, shape: tuple[int, ...]) -> None:
+    def __init__(self, storage: _Storage, shape: tuple[int, ...], stride: tuple[int, ...] | None = None) -> None:
         self.storage, self.shape = storage, shape
+        self.stride = stride if stride is not None else _contiguous_stride(shape)
 
 
 class _TorchPickler(pickle.Pickler):
@@ -196,8 +197,7 @@ class _TorchPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, _Tensor):
-            stride = _contiguous_stride(obj.shape)
-            return (torch._utils._rebuild_tensor_v2, (obj.storage, 0, obj.shape, stride, False, OrderedDict()))
+            return (torch._utils._rebuild_tensor_v2, (obj.storage, 0, obj.shape, obj.stride, False, OrderedDict()))
         return NotImplemented
 
 
@@ -209,15 +209,18 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def write_sparse(path: str, total_bytes: int, n: int) -> None:
+def write_sparse(path: str, total_bytes: int, n: int, transposed: bool = False) -> None:
     """A torch.save-format zip of n float32 tensors totalling ~total_bytes whose data records are holes
     (a sparse file: the disk holds only headers, the pickle and the central directory). Records, names,
-    64-byte alignment and zip64 fields as torch writes them; CRCs are those of the zero bytes."""
+    64-byte alignment and zip64 fields as torch writes them; CRCs are those of the zero bytes. With
+    ``transposed`` the last tensor is the transposed view of its storage (a strided tensor)."""
     root = os.path.splitext(os.path.basename(path))[0]
     per = total_bytes // n // 4
     cols = 1024 if per >= 1024 else per
     rows = max(1, per // cols)
     sd = OrderedDict((f"layers.{i}.weight", _Tensor(_Storage(str(i), rows * cols), (rows, cols))) for i in range(n))
+    if transposed:
+        sd[f"layers.{n - 1}.weight"] = _Tensor(_Storage(str(n - 1), rows * cols), (cols, rows), (1, cols))
     buf = io.BytesIO()
     _TorchPickler(buf, protocol=2).dump(sd)
     records: list[tuple[str, bytes | int]] = [("data.pkl", buf.getvalue()), (".format_version", b"1"),

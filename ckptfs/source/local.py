@@ -34,6 +34,7 @@ class LocalFile:
         self.size = st.st_size
         self._closed = False
         self._map: mmap.mmap | None = None
+        self._view: mmap.mmap | None = None
         self._map_lock = threading.Lock()
         self._region = FileRegion(self, 0)
 
@@ -83,12 +84,22 @@ class LocalFile:
 
     def mmap(self) -> mmap.mmap:
         """A private (copy-on-write) map of the whole file, created once: zero-copy numpy arrays and torch
-        tensors view it, strided gathers read through it. Writes to it never reach the file."""
+        tensors view it. Writes to it never reach the file."""
         if self._map is None:
             with self._map_lock:
                 if self._map is None:
                     self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY) if self.size else mmap.mmap(-1, 1)
         return self._map
+
+    def view(self) -> mmap.mmap:
+        """A read-only shared map of the whole file, created once, for reading through the page cache
+        (strided gathers). Unlike the private map it is never charged as memory the process might write,
+        so it works for files larger than RAM under the kernel's default overcommit heuristic."""
+        if self._view is None:
+            with self._map_lock:
+                if self._view is None:
+                    self._view = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ) if self.size else mmap.mmap(-1, 1)
+        return self._view
 
     # -- staleness -----------------------------------------------------------------------------
     def identity(self) -> Identity:
@@ -119,6 +130,7 @@ class LocalFile:
             # the checkpoint (torch.frombuffer keeps only a reference, so close() would unmap memory a
             # tensor still uses). It is unmapped when the last of them goes away.
             self._map = None
+            self._view = None
             os.close(self.fd)
 
     def __enter__(self) -> LocalFile:
