@@ -185,6 +185,7 @@ def test_eight_processes_read_different_tensors_at_once(tmp_path, mount, threads
 
 FAULTS = r"""
 import os, sys, threading
+import numpy as np
 path, truth, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 fd = os.open(path, os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # every fault goes to the daemon
