@@ -7,10 +7,15 @@ save_file on the flattened tensors (dotted keys, views made contiguous).
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
+import struct
 import sys
 import time
+import zlib
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -104,7 +109,176 @@ def daemon(total_bytes: int, tensor_bytes: int) -> dict:
     return {f"shard.{i}": _fill(tensor_bytes // 4, g) for i in range(n)}
 
 
-KINDS = {"tiny": tiny, "big": big, "train": train, "mount": mount, "model": model, "daemon": daemon}
+def readers(n: int, tensor_bytes: int) -> dict:
+    """n float32 tensors of tensor_bytes each (one per concurrent reader)."""
+    g = _gen(7)
+    return {f"t{i}": _fill(tensor_bytes // 4, g) for i in range(n)}
+
+
+KINDS = {"tiny": tiny, "big": big, "train": train, "mount": mount, "model": model, "daemon": daemon,
+         "readers": readers}
+
+
+# --- a sparse checkpoint: a real torch zip whose storage records are holes --------------------------------------------
+
+
+def _gf2_times(mat: list[int], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: list[int]) -> list[int]:
+    return [_gf2_times(mat, mat[n]) for n in range(32)]
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 of A + B from crc(A), crc(B) and len(B) (zlib's crc32_combine, which Python does not expose)."""
+    if len2 <= 0:
+        return crc1
+    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
+    even = _gf2_square(odd)  # two zero bits
+    odd = _gf2_square(even)  # four
+    while True:
+        even = _gf2_square(odd)
+        if len2 & 1:
+            crc1 = _gf2_times(even, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+        odd = _gf2_square(even)
+        if len2 & 1:
+            crc1 = _gf2_times(odd, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+    return crc1 ^ crc2
+
+
+def crc32_zeros(n: int) -> int:
+    """CRC-32 of n zero bytes, without reading them."""
+    chunk = 1 << 20
+    block = zlib.crc32(bytes(chunk))
+    crc = 0
+    whole, rest = divmod(n, chunk)
+    # crc of `whole` blocks by doubling
+    acc, acc_len, k = block, chunk, whole
+    while k:
+        if k & 1:
+            crc = crc32_combine(crc, acc, acc_len)
+        acc = crc32_combine(acc, acc, acc_len)
+        acc_len *= 2
+        k >>= 1
+    return crc32_combine(crc, zlib.crc32(bytes(rest)), rest)
+
+
+class _Storage:
+    def __init__(self, key: str, numel: int) -> None:
+        self.key, self.numel = key, numel
+
+
+class _Tensor:
+    def __init__(self, storage: _Storage, shape: tuple[int, ...], stride: tuple[int, ...] | None = None) -> None:
+        self.storage, self.shape = storage, shape
+        self.stride = stride if stride is not None else _contiguous_stride(shape)
+
+
+class _TorchPickler(pickle.Pickler):
+    """Pickles _Tensor stand-ins exactly as torch.save pickles float32 tensors (no tensor is made)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, _Storage):
+            return ("storage", torch.FloatStorage, obj.key, "cpu", obj.numel)
+        return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, _Tensor):
+            return (torch._utils._rebuild_tensor_v2, (obj.storage, 0, obj.shape, obj.stride, False, OrderedDict()))
+        return NotImplemented
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def write_sparse(path: str, total_bytes: int, n: int, transposed: bool = False) -> None:
+    """A torch.save-format zip of n float32 tensors totalling ~total_bytes whose data records are holes
+    (a sparse file: the disk holds only headers, the pickle and the central directory). Records, names,
+    64-byte alignment and zip64 fields as torch writes them; CRCs are those of the zero bytes. With
+    ``transposed`` the last tensor is the transposed view of its storage (a strided tensor)."""
+    root = os.path.splitext(os.path.basename(path))[0]
+    per = total_bytes // n // 4
+    cols = 1024 if per >= 1024 else per
+    rows = max(1, per // cols)
+    sd = OrderedDict((f"layers.{i}.weight", _Tensor(_Storage(str(i), rows * cols), (rows, cols))) for i in range(n))
+    if transposed:
+        sd[f"layers.{n - 1}.weight"] = _Tensor(_Storage(str(n - 1), rows * cols), (cols, rows), (1, cols))
+    buf = io.BytesIO()
+    _TorchPickler(buf, protocol=2).dump(sd)
+    records: list[tuple[str, bytes | int]] = [("data.pkl", buf.getvalue()), (".format_version", b"1"),
+                                              (".storage_alignment", b"64"), ("byteorder", sys.byteorder.encode())]
+    records += [(f"data/{i}", rows * cols * 4) for i in range(n)]
+    records += [("version", b"3\n"), (".data/serialization_id", b"0" * 40)]
+    zero_crc: dict[int, int] = {}
+    central = []
+    with open(path, "wb") as f:
+        pos = 0
+        for name, data in records:
+            full = f"{root}/{name}".encode()
+            size = data if isinstance(data, int) else len(data)
+            if isinstance(data, int):
+                if size not in zero_crc:
+                    zero_crc[size] = crc32_zeros(size)
+                crc = zero_crc[size]
+            else:
+                crc = zlib.crc32(data)
+            z64 = size >= 0xFFFFFFFF
+            extra = struct.pack("<HHQQ", 1, 16, size, size) if z64 else b""
+            header_len = 30 + len(full) + len(extra)
+            pad = (-(pos + header_len + 4)) % 64  # torch pads with an extra field ("FB") to align the data
+            extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+            small = 0xFFFFFFFF if z64 else size
+            f.write(struct.pack("<IHHHHHIIIHH", 0x04034B50, 45 if z64 else 20, 0x0800, 0, 0, 0x21, crc, small, small,
+                                len(full), len(extra)) + full + extra)
+            if isinstance(data, int):
+                f.seek(size, os.SEEK_CUR)  # a hole
+            else:
+                f.write(data)
+            central.append((full, crc, size, pos))
+            pos = f.tell()
+        cd_start = pos
+        for full, crc, size, offset in central:
+            vals, z64extra = [], b""
+            small_size = size
+            small_off = offset
+            if size >= 0xFFFFFFFF:
+                vals += [size, size]
+                small_size = 0xFFFFFFFF
+            if offset >= 0xFFFFFFFF:
+                vals.append(offset)
+                small_off = 0xFFFFFFFF
+            if vals:
+                z64extra = struct.pack("<HH", 1, 8 * len(vals)) + struct.pack(f"<{len(vals)}Q", *vals)
+            f.write(struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45 if vals else 20, 0x0800, 0, 0, 0x21, crc,
+                                small_size, small_size, len(full), len(z64extra), 0, 0, 0, 0, small_off)
+                    + full + z64extra)
+        cd_end = f.tell()
+        count = len(central)
+        f.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, count, count, cd_end - cd_start, cd_start))
+        f.write(struct.pack("<IIQI", 0x07064B50, 0, cd_end, 1))
+        f.write(struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, min(count, 0xFFFF), min(count, 0xFFFF),
+                            min(cd_end - cd_start, 0xFFFFFFFF), min(cd_start, 0xFFFFFFFF), 0))
+
+
+WRITERS = {"sparse": write_sparse}
 
 
 # --- directories ------------------------------------------------------------------------------------------------
@@ -202,6 +376,8 @@ def main(argv: list[str]) -> int:
             to_safetensors(params["source"], path)
         elif kind in DIR_KINDS:
             DIR_KINDS[kind](path, **params)
+        elif kind in WRITERS:
+            WRITERS[kind](path, **params)
         else:
             obj = KINDS[kind](**params)
             torch.save(obj, path)  # the record root is the file's basename: keep the final name

@@ -531,10 +531,132 @@ def op_download_load(spec: dict, mods: dict) -> dict:
     return {"seconds": seconds, "download_seconds": t_download, "tensors": len(shapes)}
 
 
+def _read_range(path: str, offset: int, size: int, bufsize: int = 1 << 20) -> None:
+    buf = bytearray(bufsize)
+    mv = memoryview(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos, end = offset, offset + size
+        while pos < end:
+            n = os.preadv(fd, [mv[: min(bufsize, end - pos)]], pos)
+            if n <= 0:
+                raise OSError(f"short read at {pos} of {path}")
+            pos += n
+    finally:
+        os.close(fd)
+
+
+def op_parallel_read(spec: dict, mods: dict) -> dict:
+    """One process per [path, offset, size] of ``files``, each reading its range front to back; all are
+    released at once (a pipe as the starting gun). Aggregate = all bytes / (last end - first start)."""
+    files = spec["files"]
+    prepare(spec)
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pids = []
+    for path, offset, size in files:
+        pid = os.fork()
+        if pid == 0:  # the reader: wait for the gun, read, report (start, end) on the pipe
+            code = 1
+            try:
+                os.close(go_w)
+                os.read(go_r, 1)
+                t0 = time.perf_counter()
+                _read_range(path, offset, size)
+                t1 = time.perf_counter()
+                os.write(out_w, json.dumps([t0, t1, size]).encode() + b"\n")
+                code = 0
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(go_r)
+    os.close(out_w)
+    time.sleep(0.2)  # let every child reach its read of the gun
+    os.write(go_w, b"x" * len(files))
+    os.close(go_w)
+    data = b""
+    while True:
+        chunk = os.read(out_r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(out_r)
+    failed = [pid for pid in pids if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(files)} readers failed")
+    spans = [json.loads(line) for line in data.decode().splitlines()]
+    start, end = min(s[0] for s in spans), max(s[1] for s in spans)
+    total = sum(s[2] for s in spans)
+    times = [s[1] - s[0] for s in spans]
+    return {"seconds": end - start, "bytes": total, "bytes_per_s": total / (end - start),
+            "spread": max(times) / min(times), "slowest": min(s[2] / (s[1] - s[0]) for s in spans),
+            "fastest": max(s[2] / (s[1] - s[0]) for s in spans)}
+
+
+def op_memmap_threads(spec: dict, mods: dict) -> dict:
+    """np.memmap of ``count`` elements summed by ``threads`` threads at once (each its own slice: page faults
+    from every thread into one mapping), then the mapped bytes compared with ``verify`` = [path, offset]."""
+    import zlib
+
+    import numpy as np
+
+    path, offset, count, nthreads = spec["path"], spec.get("offset", 0), spec["count"], spec["threads"]
+    dtype = np.dtype(spec.get("dtype", "<f4"))
+    prepare(spec)
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt + resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    arr = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+    bounds = [count * i // nthreads for i in range(nthreads + 1)]
+    sums = [0.0] * nthreads
+    errors: list[BaseException] = []
+    gun = threading.Barrier(nthreads + 1)
+
+    def work(i: int) -> None:
+        try:
+            gun.wait()
+            sums[i] = float(arr[bounds[i] : bounds[i + 1]].sum(dtype=np.float64))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(nthreads)]
+    for w in workers:
+        w.start()
+    gun.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    seconds = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    if errors:
+        raise RuntimeError(f"{len(errors)} thread(s) failed: {errors[0]!r}")
+    verify = spec.get("verify")
+    if verify:
+        mapped = zlib.crc32(memoryview(arr).cast("B"))
+        fd = os.open(verify[0], os.O_RDONLY)
+        try:
+            crc, pos, end = 0, verify[1], verify[1] + arr.nbytes
+            while pos < end:
+                chunk = os.pread(fd, min(8 << 20, end - pos), pos)
+                if not chunk:
+                    raise RuntimeError(f"{verify[0]} ends at {pos}")
+                crc = zlib.crc32(chunk, crc)
+                pos += len(chunk)
+        finally:
+            os.close(fd)
+        if crc != mapped:
+            raise RuntimeError(f"the mapped bytes of {path} differ from {verify[0]} at offset {verify[1]}")
+    nbytes = int(arr.nbytes)
+    return {"seconds": seconds, "bytes": nbytes, "bytes_per_s": nbytes / seconds, "sum": sum(sums),
+            "faults": ru.ru_minflt + ru.ru_majflt - faults0}
+
+
 OPS: dict[str, Callable[[dict, dict], dict]] = {
     "index": op_index, "api_all": op_api_all, "load_state_dict": op_load_state_dict, "seq_read": op_seq_read,
     "random_read": op_random_read, "memmap_sum": op_memmap_sum, "http_get": op_http_get,
     "http_random": op_http_random, "download_load": op_download_load,
+    "parallel_read": op_parallel_read,
+    "memmap_threads": op_memmap_threads,
 }
 
 

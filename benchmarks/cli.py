@@ -12,18 +12,19 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_views, config, report
+from . import cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_scale, cases_views, config, report
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
 # report order
 CASES = {}
-for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_formats.CASES, cases_remote.CASES,
-               cases_views.CASES):
+for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_scale.CASES, cases_formats.CASES,
+               cases_remote.CASES, cases_views.CASES):
     CASES.update(family)
-ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-warm",
-         "random-4k", "memmap-cold", "memmap-warm", "transposed", "api-tensor-tiny", "api-numpy-tiny",
-         "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory",
+ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-fresh",
+         "seq-read-warm", "random-4k", "memmap-cold", "memmap-warm", "readers-8", "memmap-threads", "transposed",
+         "api-tensor-tiny", "api-numpy-tiny", "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss",
+         "index-memory", "scale-curve", "index-100gb", "mount-100gb",
          "index-shards-st", "index-shards-bin", "mount-ready-30-shards", "index-dcp", "mount-ready-dcp",
          "remote-ls-1gb", "remote-seq", "remote-random-4k", "remote-seq-20ms", "remote-random-20ms",
          "export-1gb", "view-first-tensor", "view-hf-load"]
@@ -31,17 +32,28 @@ assert sorted(ORDER) == sorted(CASES), "every case must have a place in the repo
 # the datasets each case uses (generated before the first case runs)
 NEEDS = {
     "index-tiny": ["tiny", "tiny.st"], "index-1gb": ["big", "big.st"], "index-train": ["train", "train.st"],
-    "ls-cli": ["tiny"], "mount-ready": ["tiny"], "seq-read-cold": ["mount"], "seq-read-warm": ["mount"],
-    "random-4k": ["mount"], "memmap-cold": ["mount"], "memmap-warm": ["mount"], "transposed": ["mount"],
+    "ls-cli": ["tiny"], "mount-ready": ["tiny"], "seq-read-cold": ["mount"], "seq-read-fresh": ["mount"],
+    "seq-read-warm": ["mount"], "random-4k": ["mount"], "memmap-cold": ["mount"], "memmap-warm": ["mount"],
+    "readers-8": ["readers"], "memmap-threads": ["mount"], "transposed": ["mount"],
     "api-tensor-tiny": ["tiny", "tiny.st"], "api-numpy-tiny": ["tiny", "tiny.st"], "api-tensor-1gb": ["big", "big.st"],
     "api-numpy-1gb": ["big", "big.st"], "load-state-dict": ["model"], "daemon-rss": ["big", "daemon"],
-    "index-memory": ["huge"],
     "index-shards-st": ["shards_st"], "index-shards-bin": ["shards_bin"],
     "mount-ready-30-shards": ["shards_st", "shards_bin"], "index-dcp": ["dcp"], "mount-ready-dcp": ["dcp"],
     "remote-ls-1gb": ["big"], "remote-seq": ["mount"], "remote-random-4k": ["mount"],
     "remote-seq-20ms": ["mount"], "remote-random-20ms": ["mount"],
     "export-1gb": ["big"], "view-first-tensor": ["big"], "view-hf-load": [],
+    "index-memory": ["huge"], "index-100gb": ["sparse-small", "sparse-large"],
+    "mount-100gb": ["sparse-small", "sparse-large"],
+    # the scale curve's datasets depend on the configuration (--quick: smaller sizes): see needs()
+    "scale-curve": [],
 }
+
+
+def needs(cid: str, cfg: config.Config) -> list[str]:
+    """The datasets a case uses."""
+    if cid == "scale-curve":
+        return [f"scale{n}{ext}" for n in cfg.scale_sizes for ext in ("", ".st")]
+    return NEEDS[cid]
 assert sorted(NEEDS) == sorted(CASES)
 
 
@@ -122,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[CaseResult] = []
     try:
         # every checkpoint the chosen cases use, made up front in one process
-        data.prepare(sorted({d for c in chosen for d in NEEDS[c]}))
+        data.prepare(sorted({d for c in chosen for d in needs(c, cfg)}))
         for cid in chosen:
             log(f"case {cid}")
             t0 = time.perf_counter()

@@ -32,6 +32,13 @@ class Config:
     shard_layers: int         # "a 30-shard directory": layers x 9 tensors over 30 shards
     shard_numel: int
     dcp_n: int                # "a DCP directory with 100k entries"
+    readers_n: int            # "8 processes reading different tensors at once"
+    readers_tensor_bytes: int
+    memmap_threads: int       # "16 threads page-faulting one np.memmap'd tensor file"
+    scale_sizes: tuple        # tensor counts of the scale curve
+    sparse_n: int             # tensors of the sparse checkpoints (same count at both sizes)
+    sparse_small: int         # "1 GB"
+    sparse_large: int         # "100 GB" (a sparse file: holes, no disk space)
     extra: dict = field(default_factory=dict)
 
 
@@ -46,6 +53,9 @@ FULL = Config(
     huge_n=200_000,
     random_reads=2000, random_reads_slow=200,
     shard_layers=80, shard_numel=4096, dcp_n=100_000,
+    readers_n=8, readers_tensor_bytes=64 * MiB, memmap_threads=16,
+    scale_sizes=(1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000),
+    sparse_n=400, sparse_small=1 * GiB, sparse_large=100 * GiB,
 )
 
 QUICK = Config(
@@ -59,6 +69,9 @@ QUICK = Config(
     huge_n=10_000,
     random_reads=200, random_reads_slow=20,
     shard_layers=10, shard_numel=256, dcp_n=2_000,
+    readers_n=8, readers_tensor_bytes=4 * MiB, memmap_threads=16,
+    scale_sizes=(100, 300, 1_000, 3_000),
+    sparse_n=40, sparse_small=32 * MiB, sparse_large=4 * GiB,
 )
 
 

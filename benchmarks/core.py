@@ -74,6 +74,9 @@ class Row:
     note: str = ""
     is_ckptfs: bool = False
     raw: list[dict] = field(default_factory=list)
+    # which bar of the read-throughput plot this row is ("ckptfs", "ratarmount", "ratarmount -o kernel_cache",
+    # "plain file"); empty: not plotted
+    series: str = ""
 
     @property
     def median(self) -> float | None:

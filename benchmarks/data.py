@@ -44,6 +44,15 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
         Dataset("daemon", "daemon", {"total_bytes": cfg.daemon_bytes, "tensor_bytes": cfg.daemon_tensor_bytes},
                 description=f"{cfg.daemon_bytes // cfg.daemon_tensor_bytes} float32 tensors of "
                             f"{cfg.daemon_tensor_bytes >> 20} MiB, {cfg.daemon_bytes / 1e9:.2f} GB in total"),
+        Dataset("readers", "readers", {"n": cfg.readers_n, "tensor_bytes": cfg.readers_tensor_bytes},
+                description=f"{cfg.readers_n} float32 tensors of {cfg.readers_tensor_bytes >> 20} MiB (one per "
+                            "concurrent reader)"),
+        Dataset("sparse-small", "sparse", {"total_bytes": cfg.sparse_small, "n": cfg.sparse_n},
+                description=f"{cfg.sparse_n} float32 tensors, {cfg.sparse_small / 2 ** 30:g} GiB, written as a torch "
+                            "zip whose data records are holes (sparse file)"),
+        Dataset("sparse-large", "sparse", {"total_bytes": cfg.sparse_large, "n": cfg.sparse_n},
+                description=f"{cfg.sparse_n} float32 tensors, {cfg.sparse_large / 2 ** 30:g} GiB, written as a torch "
+                            "zip whose data records are holes (sparse file)"),
     ]
     d += [
         Dataset("shards_st", "shards", {"n_shards": 30, "layers": cfg.shard_layers, "numel": cfg.shard_numel,
@@ -56,8 +65,11 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
         Dataset("dcp", "dcp", {"n": cfg.dcp_n}, ext="d",
                 description=f"a DCP checkpoint (torch.distributed.checkpoint.save) of {cfg.dcp_n:,} entries"),
     ]
+    for n in cfg.scale_sizes:
+        d.append(Dataset(f"scale{n}", "tiny", {"n": n, "numel": cfg.tiny_numel},
+                         description=f"{n:,} tiny float32 tensors (scale curve)"))
     out = {x.name: x for x in d}
-    for base in ("tiny", "big", "train"):
+    for base in ("tiny", "big", "train", *(f"scale{n}" for n in cfg.scale_sizes)):
         out[base + ".st"] = Dataset(base + ".st", "safetensors", {"source": base}, ext="safetensors",
                                     description=f"the tensors of {base}.pth converted to safetensors")
     return out

@@ -179,6 +179,15 @@ def write(path: str, run: dict[str, Any], results: list[CaseResult]) -> None:
         med = f"{r.show(c.median)} {r.unit}" if c is not None and c.median is not None else "—"
         L.append(f"| [{r.id}](#{r.id}) {_cell(r.title)} | {r.target} | {med} | {_met(r)} | {_cell(r.verdict)} |")
     L.append("")
+    from .plots import render as render_plots
+
+    figures = render_plots(results, path)
+    if figures:
+        L.append("## Plots")
+        L.append("")
+        for caption, rel in figures:
+            L.append(f"![{caption}]({rel})" if rel else caption)
+            L.append("")
     L.append("## Results")
     for r in results:
         L.append("")

@@ -145,7 +145,7 @@ def _unoctal(field: str) -> str:
 
 def mount_entry(path: Path | str) -> dict | None:
     """The topmost mount at ``path`` in /proc/self/mountinfo (read here, not through ckptfs):
-    ``{"fstype", "source", "options"}``, or None when nothing is mounted there."""
+    ``{"fstype", "source", "options", "super_options"}``, or None when nothing is mounted there."""
     target = os.path.realpath(path)
     found = None
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
@@ -153,7 +153,8 @@ def mount_entry(path: Path | str) -> dict | None:
             left, _, right = line.rstrip("\n").partition(" - ")
             fields, rest = left.split(" "), right.split(" ")
             if _unoctal(fields[4]) == target:
-                found = {"fstype": rest[0], "source": _unoctal(rest[1]), "options": fields[5]}
+                found = {"fstype": rest[0], "source": _unoctal(rest[1]), "options": fields[5],
+                         "super_options": rest[2] if len(rest) > 2 else ""}
     return found
 
 

@@ -55,9 +55,15 @@ def test_bench_quick(tmp_path):
         assert peers or cid == "daemon-rss", f"{cid}: no peer rows"
         assert case["met"] in (True, False), f"{cid}: target not judged: {case['verdict']}"
     assert _fuse_mounts() <= before, "the harness left something mounted"
+    # the pictures: the scale curves and the read throughput, as PNGs next to the report, linked from it
+    for name in ("scale.png", "reads.png"):
+        png = tmp_path / "bench-img" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"(bench-img/{name})" in text, name
     # the report can be written again from the saved results alone
     again = tmp_path / "again.md"
     r = subprocess.run([sys.executable, "-m", "benchmarks", "--render", str(raw), "--output", str(again)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert again.read_text() == text
+    assert again.read_text().replace("again-img/", "bench-img/") == text
+    assert (tmp_path / "again-img" / "scale.png").stat().st_size > 0

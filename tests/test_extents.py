@@ -112,3 +112,79 @@ def test_tensor_plans(tmp_path):
         assert plan.read(1000, 77) == torch_bytes(ref["wt"])[1000:1077]
         plan = ckpt.reader("np").content
         assert isinstance(plan.pieces[0], Literal) and plan.read() == ref["np"].tobytes()
+
+
+# --- where bytes lie: file spans (what the FUSE adapter splices) ------------------------------------------------------
+
+
+def _span_bytes(spans) -> bytes:
+    """The bytes the spans name, read back: pread of each (fd, position, length), literal bytes as they are."""
+    out = b""
+    for s in spans:
+        out += s if isinstance(s, bytes) else os.pread(s[0], s[2], s[1])
+    return out
+
+
+local_pieces = st.one_of(
+    st.binary(min_size=0, max_size=64).map(lambda b: ("lit", b)),
+    st.tuples(st.integers(0, len(BACKING) - 1), st.integers(0, 300)).map(lambda t: ("range", t)),
+)
+
+
+@pytest.fixture(scope="module")
+def backing_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("spans") / "f.bin"
+    p.write_bytes(BACKING)
+    return p
+
+
+@settings(max_examples=200, deadline=None)
+@given(spec=st.lists(local_pieces, max_size=8), off=st.integers(0, 1200), n=st.integers(0, 1200))
+def test_file_spans_name_exactly_the_bytes_of_any_range(backing_file, spec, off, n):
+    """Ranges of a local file and literal bytes, in any mix: the spans, read back, are the range's bytes; a
+    range past the end gives fewer (none past the end of the content)."""
+    with LocalFile(backing_file) as f:
+        made, expected = [], b""
+        for kind, arg in spec:
+            if kind == "lit":
+                made.append(Literal(arg))
+                expected += arg
+            else:
+                start, k = arg
+                k = min(k, len(BACKING) - start)
+                made.append(source_range(SubRange(f, 1, len(BACKING) - 1), start - 1, k) if start else
+                            SourceRange(f, start, k))
+                expected += BACKING[start : start + k]
+        content = Content(made)
+        spans = content.file_spans(off, n)
+        assert spans is not None
+        assert _span_bytes(spans) == expected[off : off + n]
+        for s in spans:
+            if not isinstance(s, bytes):
+                assert s[0] == f.fd and s[2] > 0
+
+
+def test_file_spans_are_none_where_bytes_must_be_made(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(BACKING)
+    with LocalFile(p) as f:
+        computed = Computed(10, _reversed_fill(b"0123456789"), "reverse", (f,))
+        assert Content([SourceRange(f, 0, 100), computed]).file_spans(0, 200) is None
+        assert Content([SourceRange(f, 0, 100), computed]).file_spans(0, 100) == [(f.fd, 0, 100)]  # before it
+        assert Content([SourceRange(SOURCE, 0, 100)]).file_spans(0, 10) is None  # bytes in memory: no file
+        assert Content([SourceRange(f, 2000, 100)]).file_spans(0, 100) is None  # past the file's end: read says why
+        assert Content([SourceRange(f, 0, 100)]).file_spans(100, 10) == []
+        with pytest.raises(ValueError):
+            Content([SourceRange(f, 0, 100)]).file_spans(-1, 10)
+
+
+def test_handle_checks_its_sources_before_naming_spans(tmp_path):
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"a" * 8192)
+    with LocalFile(p) as f:
+        h = ContentHandle(Content([SourceRange(f, 10, 8000)]))
+        assert h.file_spans(0, 4) == [(f.fd, 10, 4)]
+        with open(p, "r+b") as w:
+            w.truncate(100)
+        with pytest.raises(StaleSourceError):
+            h.file_spans(0, 4)

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence, Union
 
 from ..errors import FormatError
 from ..source import ByteSource, FileRegion, SubRange
+
+#: A stretch of a file's bytes as they lie somewhere: ``(fd, position, length)`` in a local file, or the
+#: bytes themselves (a literal piece). See :meth:`Content.file_spans`.
+FileSpan = Union[tuple[int, int, int], bytes]
 
 
 class Piece(Protocol):
@@ -60,6 +64,17 @@ class SourceRange:
         """Where these bytes lie in a local file (zero-copy maps, splice), or None."""
         r = self.source.region()
         return None if r is None else FileRegion(r.file, r.offset + self.offset)
+
+    def file_span(self, offset: int, n: int) -> tuple[int, int, int] | None:
+        """``(fd, position, n)``: where bytes [offset, offset + n) of the piece lie in a local file, or None
+        (not a local file, or the file is shorter than the range: reading it says why)."""
+        r = self.source.region()
+        if r is None:
+            return None
+        pos = r.offset + self.offset + offset
+        if pos + n > r.file.size:
+            return None
+        return (r.fd, pos, n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +151,37 @@ class Content:
         self.readinto(memoryview(out), offset)
         return bytes(out)
 
+    def file_spans(self, offset: int, size: int) -> list[FileSpan] | None:
+        """Where bytes [offset, offset + size) lie, end to end: ``(fd, position, length)`` spans of local
+        files and literal bytes, for a reader that moves them itself (the FUSE adapter splices file pages
+        into its reply instead of copying them). Fewer bytes only at the end of the content; None when
+        some of them must be made (a computed piece) or read through a source that is not a local file."""
+        if offset < 0:
+            raise ValueError("negative offset")
+        n = min(size, self.size - offset)
+        if n <= 0:
+            return []
+        pieces, starts = self.pieces, self.starts
+        i = 0 if self._single is not None else bisect.bisect_right(starts, offset) - 1
+        out: list[FileSpan] = []
+        done = 0
+        while done < n:
+            p = pieces[i]
+            inner = offset + done - starts[i]
+            k = min(p.size - inner, n - done)
+            if isinstance(p, SourceRange):
+                span = p.file_span(inner, k)
+                if span is None:
+                    return None
+                out.append(span)
+            elif isinstance(p, Literal):
+                out.append(p.data[inner : inner + k])
+            else:
+                return None
+            done += k
+            i += 1
+        return out
+
     def sources(self) -> list[ByteSource]:
         """Every source the pieces read (for staleness checks), each once."""
         seen: dict[int, ByteSource] = {}
@@ -181,6 +227,13 @@ class ContentHandle:
         for s in self._check:
             s.check_unchanged(False)
         return self.content.read(offset, size)
+
+    def file_spans(self, offset: int, size: int) -> list[FileSpan] | None:
+        """Where bytes [offset, offset + size) lie (:meth:`Content.file_spans`), after the same staleness
+        check as a read: the caller moves the bytes itself."""
+        for s in self._check:
+            s.check_unchanged(False)
+        return self.content.file_spans(offset, size)
 
     def close(self) -> None:
         self._check = ()

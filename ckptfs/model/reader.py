@@ -122,8 +122,9 @@ class TensorData:
         if self.inline is not None:  # a Fortran-ordered numpy array: its storage is the pickled bytes
             buf, start = self.inline, t.storage_offset * itemsize
         elif region is not None:
-            # the whole storage through the page cache: only the pages the view touches are read
-            mapped, at = region.mapping()
+            # the whole storage through the page cache (a read-only map: only the pages the view touches are
+            # read, and a file larger than memory maps too)
+            mapped, at = region.view()
             buf, start = mapped, at + t.storage_offset * itemsize
         else:  # deflated or remote: read the storage span of the rows this range touches
             inner = numel(shape[1:]) if shape else 1

@@ -273,11 +273,13 @@ def mount(req: MountRequest) -> None:
     logfile = os.path.abspath(req.log) if req.log else None
 
     def run() -> None:
-        from .fuse_ops import Operations, library_version, serve
+        from .fuse_ops import Operations, library_version, serve, splice_wanted
 
         _setup_logging(debug, logfile, foreground)
+        fuse_opts = dict(options)
+        splice = splice_wanted(fuse, fuse_opts)  # reads answered by splicing the checkpoint's pages
         info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
-                                "libfuse": library_version(fuse), "threads": threads,
+                                "libfuse": library_version(fuse), "threads": threads, "splice": splice,
                                 "options": {**options, **view_options}, "view": req.view, "ckptfs": __version__}
         if remote:  # how it is read; of the storage options only their names (values may be credentials)
             info["remote"] = dataclasses.asdict(req.remote or RemoteOptions())
@@ -290,7 +292,8 @@ def mount(req: MountRequest) -> None:
         log.info("mounting %s at %s (libfuse %s, %s)", src, mnt, library_version(fuse),
                  "multi-threaded" if threads else "single-threaded")
         try:
-            serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=options, ops=ops)
+            serve(view, mnt, fuse, threads=threads, debug=debug, fsname=_fsname(src), options=fuse_opts, ops=ops,
+                  splice=splice)
         except RuntimeError as e:  # fuse_main's status: libfuse printed why on stderr
             if not ops.ready.is_set():
                 raise MountError(f"mount failed (libfuse status {e})", file=mnt) from None

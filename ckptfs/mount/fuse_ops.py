@@ -3,7 +3,9 @@
 It knows only :class:`MountSource` (implemented by :class:`ckptfs.views.tree.TreeView`) and nothing of
 checkpoint formats. Reads are zero-copy: :class:`ZeroCopyFUSE` overrides the binding's
 low-level ``read`` callback so the handle ``preadv``s straight into libfuse's reply buffer (no ``bytes``
-object, no memmove).
+object, no memmove). On libfuse3 reads go through ``read_buf`` instead: where a handle says its bytes lie
+in a local file (``Handle.file_spans``), the reply names the file and libfuse splices its pages into
+/dev/fuse (:mod:`ckptfs.mount.bufvec`); other reads are filled into memory by ``readinto``.
 
 Everything is read-only: every call that would change something fails with EROFS (the mount is also
 ``ro``, so the kernel refuses most of them before they get here). A failing read is logged and returns
@@ -24,12 +26,18 @@ from ctypes.util import find_library
 from typing import Any, Callable, Protocol
 
 from ..views.namespace import DIR, FILE, LINK
+from .bufvec import Replies, Span, pipe_capacity
 
 log = logging.getLogger("ckptfs.mount")
 
 BLKSIZE = 1 << 20  # st_blksize / f_bsize: readers (cat, cp, numpy) use buffers this big
 TIMEOUT = 86400.0  # entry/attr/negative cache timeouts: the tree never changes while mounted
 READ_AHEAD_KB = 16384  # the mount's readahead window, raised when root (1 MiB requests on libfuse3)
+MAX_READ = 1 << 20  # libfuse3's largest read request (256 pages)
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: FUSE_CAP_* flags of libfuse3's fuse_conn_info.want
+CAP_SPLICE_WRITE = 1 << 7
+CAP_SPLICE_MOVE = 1 << 8
 ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
 
 _MODES = {DIR: stat.S_IFDIR | 0o555, FILE: stat.S_IFREG | 0o444, LINK: stat.S_IFLNK | 0o777}
@@ -40,6 +48,12 @@ class Handle(Protocol):
 
     def readinto(self, buf: memoryview, offset: int) -> int:
         """Fill ``buf`` from ``offset``; the count (short only at the end). Raising fails this read (EIO)."""
+        ...
+
+    def file_spans(self, offset: int, size: int) -> list[Span] | None:
+        """Where bytes [offset, offset + size) lie, end to end: ``(fd, position, length)`` in local files that
+        stay open while the handle is, or literal bytes; fewer bytes only at the end of the file. None when
+        they must be read with ``readinto`` (computed, remote). Raising fails this read (EIO)."""
         ...
 
     def close(self) -> None: ...
@@ -164,6 +178,8 @@ class Operations:
         self.on_ready: list[Callable[[], object]] = []  # callables run then (the daemon detaches its stderr)
         self.max_read = 0
         self.errors = 0
+        self.splice = False  # answer reads with read_buf (set by serve on libfuse3)
+        self.replies: Replies | None = None
 
     # --- helpers --------------------------------------------------------------------------------------
     def _err(self, code: int) -> Exception:
@@ -204,6 +220,12 @@ class Operations:
     def init_with_config(self, conn: Any, config: Any) -> None:
         if conn is not None and self.max_read and hasattr(conn, "max_read"):
             conn.max_read = self.max_read  # libfuse3 refuses a max_read option that init does not repeat
+        if conn is not None and self.splice and conn.capable & CAP_SPLICE_WRITE:
+            conn.want |= CAP_SPLICE_WRITE  # replies naming a file descriptor are spliced, not copied
+        if conn is not None and os.environ.get("CKPTFS_EXP_NOAID"):  # EXPERIMENT
+            conn.want &= ~(1 << 12)
+        if conn is not None and os.environ.get("CKPTFS_EXP_BG"):  # EXPERIMENT
+            conn.max_background = int(os.environ["CKPTFS_EXP_BG"])
         self.init("/")
 
     def _after_mount(self) -> None:
@@ -325,12 +347,16 @@ class Operations:
 
     def read_into(self, fh: int, buf: Any, size: int, offset: int) -> int:
         """Fill libfuse's buffer ``buf`` (a ctypes pointer) with up to ``size`` bytes from ``offset``."""
+        return self.read_at(fh, ctypes.addressof(buf.contents), size, offset)
+
+    def read_at(self, fh: int, address: int, size: int, offset: int) -> int:
+        """Fill ``size`` bytes of memory at ``address`` from ``offset``: the count, or -errno."""
         entry = self.handles.get(fh)
         if entry is None:
             return -errno.EBADF
         if size <= 0:
             return 0
-        view = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+        view = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
         try:
             return entry[0].readinto(view, offset)
         except Exception as e:  # noqa: BLE001 - EIO for this request; the daemon keeps serving
@@ -339,6 +365,39 @@ class Operations:
             return -errno.EIO
         finally:
             view.release()
+
+    def read_buf(self, path: Any, bufpp: Any, size: int, offset: int, fh: int) -> int:
+        """libfuse3's ``read_buf``: hand libfuse a reply vector in ``bufpp[0]`` (it frees it). Bytes that lie
+        in a local file are named by descriptor and position, and libfuse splices them; anything else is
+        read into memory. 0, or -errno (then nothing is handed over)."""
+        replies = self.replies
+        entry = self.handles.get(fh)
+        if entry is None or replies is None:
+            return -errno.EBADF
+        try:
+            spans = entry[0].file_spans(offset, size)
+        except Exception as e:  # noqa: BLE001 - EIO for this request; the daemon keeps serving
+            self.errors += 1
+            log.error("read %s [%d, +%d): %s", entry[1], offset, size, e)
+            return -errno.EIO
+        if spans is not None:
+            bufpp[0] = replies.spans(spans)
+            if log.isEnabledFor(logging.DEBUG):
+                by_fd = sum(sp[2] for sp in spans if not isinstance(sp, bytes))
+                literal = sum(len(sp) for sp in spans if isinstance(sp, bytes))
+                log.debug("read %s [%d, +%d): %d bytes by file descriptor, %d literal", entry[1], offset, size, by_fd,
+                          literal)
+            return 0
+        vec, mem = replies.memory(size)
+        n = self.read_at(fh, mem, size, offset)
+        if n < 0:
+            replies.release(vec)
+            return n
+        replies.set_size(vec, n)
+        bufpp[0] = vec
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("read %s [%d, +%d): %d bytes in memory", entry[1], offset, size, n)
+        return 0
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         """Makes the binding register its read callback; ZeroCopyFUSE.read serves it with read_into (this
@@ -376,6 +435,10 @@ def make_fuse_class(fuse: Any) -> type:
         operations: Operations
         def read(self, path: Any, buf: Any, size: int, offset: int, fip: Any) -> int:  # noqa: D102
             return self.operations.read_into(fip.contents.fh, buf, size, offset)
+
+        def read_buf(self, path: Any, bufpp: Any, size: int, offset: int, fip: Any) -> int:  # noqa: D102
+            return self.operations.read_buf(path, ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p)), size, offset,
+                                            fip.contents.fh)
 
         def readdir_fuse_3(self, path: Any, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
             """Entries from ``offset`` on, each with its offset (so libfuse passes READDIRPLUS attributes to
@@ -447,17 +510,44 @@ def fuse_options(fuse: Any, *, fsname: str, threads: bool, user: dict[str, Any])
     return {"foreground": True, "nothreads": not threads, **opts}
 
 
+def splice_wanted(fuse: Any, options: dict[str, Any]) -> bool:
+    """Reads answered by splicing file pages (libfuse3 through mfusepy): on unless ``-o nosplice`` or
+    CKPTFS_SPLICE=0. ``nosplice`` is ours: it is taken out of the options passed to libfuse."""
+    off = bool(options.pop("nosplice", False)) or os.environ.get("CKPTFS_SPLICE", "1") == "0"
+    return not off and fuse_major(fuse) == 3 and hasattr(fuse, "fuse_version_major")
+
+
+def splice_max_read(capacity: int) -> int:
+    """The largest read request whose reply, header and an unaligned first page included, fits a pipe of
+    ``capacity`` bytes (libfuse copies replies that do not), or 0 when a 1 MiB request fits."""
+    need = MAX_READ + 4 * PAGE
+    if capacity >= need:
+        return 0
+    return max(PAGE, (capacity - 4 * PAGE) // PAGE * PAGE)
+
+
 def serve(source: MountSource, mountpoint: str, fuse: Any, *, threads: bool = False, debug: bool = False,
           fsname: str = "ckptfs", options: dict[str, Any] | None = None,
-          ops: Operations | None = None) -> Operations:
+          ops: Operations | None = None, splice: bool | None = None) -> Operations:
     """Mount ``source`` at ``mountpoint`` and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP
     unmount cleanly: libfuse's handlers end the loop and fuse_main unmounts). Returns the operations."""
     ops = ops or Operations(source, fuse, mountpoint=mountpoint)
     if not hasattr(fuse, "fuse_version_major"):  # fusepy dispatches every call through operations(op, *args)
         ops.__class__ = type("FusepyOperations", (type(ops),), {"__call__": _dispatch})
+    user = dict(options or {})
+    wanted = splice_wanted(fuse, user)  # (takes our own option out of the user's)
+    ops.splice = wanted if splice is None else splice and wanted
+    if ops.splice:
+        ops.replies = Replies((fuse_major(fuse), int(getattr(fuse, "fuse_version_minor", 0))))
+        limit = splice_max_read(pipe_capacity(MAX_READ + 4 * PAGE))
+        if limit and not ops.max_read and "max_read" not in user:
+            ops.max_read = limit
+            user["max_read"] = str(limit)
+    else:
+        ops.read_buf = None  # type: ignore[method-assign,assignment]  # libfuse then calls read
     if debug:
         traced(ops)
-    kwargs = fuse_options(fuse, fsname=fsname, threads=threads, user=options or {})
+    kwargs = fuse_options(fuse, fsname=fsname, threads=threads, user=user)
     cls = make_fuse_class(fuse)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

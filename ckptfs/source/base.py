@@ -63,6 +63,11 @@ class FileRegion:
         """The file's shared private (copy-on-write) map and where the source's byte 0 lies in it."""
         return self.file.mmap(), self.offset
 
+    def view(self) -> tuple[mmap.mmap, int]:
+        """The file's read-only map and where the source's byte 0 lies in it: for reading through the page
+        cache (a private writable map of a file larger than memory may be refused: ENOMEM)."""
+        return self.file.view(), self.offset
+
 
 @runtime_checkable
 class ByteSource(Protocol):

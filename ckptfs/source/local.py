@@ -11,6 +11,8 @@ from typing import Sequence
 from ..errors import CkptfsError, StaleSourceError
 from .base import FileRegion, Identity
 
+MemoryMap = mmap.mmap  # (a method below is named mmap)
+
 LOCAL_READ_SIZE = 1 << 20
 
 
@@ -38,6 +40,7 @@ class LocalFile:
         self.size = st.st_size
         self._closed = False
         self._map: mmap.mmap | None = None
+        self._view: mmap.mmap | None = None
         self._map_lock = threading.Lock()
         self._region = FileRegion(self, 0)
 
@@ -85,14 +88,24 @@ class LocalFile:
     def region(self) -> FileRegion:
         return self._region
 
-    def mmap(self) -> mmap.mmap:
+    def mmap(self) -> MemoryMap:
         """A private (copy-on-write) map of the whole file, created once: zero-copy numpy arrays and torch
-        tensors view it, strided gathers read through it. Writes to it never reach the file."""
+        tensors view it. Writes to it never reach the file."""
         if self._map is None:
             with self._map_lock:
                 if self._map is None:
                     self._map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY) if self.size else mmap.mmap(-1, 1)
         return self._map
+
+    def view(self) -> MemoryMap:
+        """A read-only shared map of the whole file, created once, for reading through the page cache
+        (strided gathers). Unlike the private map it is never charged as memory the process might write,
+        so it works for files larger than RAM under the kernel's default overcommit heuristic."""
+        if self._view is None:
+            with self._map_lock:
+                if self._view is None:
+                    self._view = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ) if self.size else mmap.mmap(-1, 1)
+        return self._view
 
     # -- staleness -----------------------------------------------------------------------------
     def identity(self) -> Identity:
@@ -123,6 +136,7 @@ class LocalFile:
             # the checkpoint (torch.frombuffer keeps only a reference, so close() would unmap memory a
             # tensor still uses). It is unmapped when the last of them goes away.
             self._map = None
+            self._view = None
             os.close(self.fd)
 
     def __enter__(self) -> LocalFile:
