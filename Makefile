@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-APT_PACKAGES := fuse3 libfuse2 libfuse3-3
+APT_PACKAGES := fuse3 libfuse2 libfuse3-3 attr
 
 .PHONY: help setup system-deps venv test test-quick demo bench bench-quick fuzz lint clean
 
@@ -16,9 +16,10 @@ help:
 	@echo "make lint   - ruff, mypy and the import-linter layer contracts (docs/architecture.md)"
 	@echo "make test-quick - the tests not marked slow (a few minutes)"
 
-# System packages: FUSE 3 (and 2, for peers that need it). Skipped when already present.
+# System packages: FUSE 3 (and 2, for peers that need it), attr (getfattr, shown in the README). Skipped when
+# already present.
 system-deps:
-	@if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libfuse3.so.3' || ! ldconfig -p | grep -q 'libfuse.so.2'; then \
+	@if ! command -v fusermount3 >/dev/null 2>&1 || ! command -v getfattr >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libfuse3.so.3' || ! ldconfig -p | grep -q 'libfuse.so.2'; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi

@@ -13,12 +13,14 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import CkptfsError, brief, oneline
-from . import check, inspect, mount
-from .common import EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from . import check, diff, inspect, mount, mounthelper, stats
+from .common import EXIT_DIFFERENT, EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from .mounthelper import looks_like_helper_call
 
-__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-COMMANDS = (inspect, check, mount)
+COMMANDS = (inspect, stats, diff, check, mount)
+COMMAND_NAMES: list[str] = []  # filled by build_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for family in COMMANDS:
         family.register(sub)
+    COMMAND_NAMES[:] = sub.choices
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if looks_like_helper_call(argv, COMMAND_NAMES):  # mount.fuse3 runs `ckptfs SRC MNT -o OPTS`
+        return mounthelper.main(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # patterns after options (`ckptfs ls CKPT --json 'enc.*'`) are patterns; anything else is an error
+        if isinstance(getattr(args, "pattern", None), list) and not any(x.startswith("-") for x in extra):
+            args.pattern += extra
+        else:
+            parser.parse_args(argv)  # argparse's own message, exit 2
     debug = getattr(args, "debug", False)
     try:
         return int(args.func(args) or 0)

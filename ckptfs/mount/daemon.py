@@ -22,11 +22,13 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .._version import __version__
 from ..errors import CkptfsError
+from .options import become, split_options
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -223,6 +225,8 @@ class MountRequest:
     strict: bool = False
     threads: bool = False
     log: str | None = None
+    #: a context manager factory around indexing (the CLI shows what takes time on a terminal)
+    indexing: Callable[[str], AbstractContextManager[object]] | None = None
 
 
 def warnings_for(options: dict[str, Any]) -> list[str]:
@@ -239,10 +243,15 @@ def mount(req: MountRequest) -> None:
     src = os.path.abspath(req.checkpoint)
     mnt = os.path.realpath(req.mountpoint)
     debug = req.debug
-    foreground = bool(req.foreground or debug and not req.log)
-    options = req.options
-    if options.get("rw"):
-        raise MountError("the mount is read-only; -o rw is not possible")
+    try:
+        opts = split_options(req.options)
+    except CkptfsError as e:
+        raise MountError(e.reason) from None
+    if opts.setuid:  # as mount.fuse3's setuid=USER: the user owns the mount (and reads the checkpoint)
+        become(opts.setuid)
+    options = opts.fuse
+    log_option = req.log or opts.log
+    foreground = bool(req.foreground or debug and not log_option)
     check_checkpoint(src)
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
@@ -250,19 +259,20 @@ def mount(req: MountRequest) -> None:
     from ..model.opener import open_catalog
     from ..views.tree import TreeView
 
-    catalog = open_catalog(src, strict=req.strict)
+    with req.indexing(src) if req.indexing is not None else nullcontext():
+        catalog = open_catalog(src, strict=req.strict or opts.strict)
     view = TreeView(catalog, verify_reads=os.environ.get("CKPTFS_VERIFY_READS", "1") != "0")
-    threads = req.threads
-    logfile = os.path.abspath(req.log) if req.log else None
+    threads = req.threads or opts.threads
+    logfile = os.path.abspath(log_option) if log_option else None
 
     def run() -> None:
         from .fuse_ops import Operations, library_version, serve
 
         _setup_logging(debug, logfile, foreground)
         info = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt, "libfuse": library_version(fuse),
-                "threads": threads, "options": options, "ckptfs": __version__}
+                "threads": threads, "options": req.options, "ckptfs": __version__}
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
-        ops = Operations(view, fuse, mountpoint=mnt)
+        ops = Operations(view, fuse, mountpoint=mnt, uid=opts.uid, gid=opts.gid, umask=opts.umask)
         ops.max_read = int(options.get("max_read", 0) or 0)
         if not foreground:
             ops.on_ready.append(_detach_stderr(logfile))
