@@ -146,7 +146,7 @@ class _Accumulator:
             self.zeros += int(f.size - np.count_nonzero(f))
             notnan = v[~isnan] if isnan.any() else v
             if notnan.size:
-                a = float(np.abs(notnan).max())
+                a = float(np.abs(notnan.astype(np.complex128)).max())
                 self.abs_hi = a if self.abs_hi is None else max(self.abs_hi, a)
             self.moments.add(f.astype(np.complex128))
         else:  # ints, bools: every value finite

@@ -204,14 +204,15 @@ _BASE: dict[str, tuple[str, Callable[[str], Callable[[np.ndarray], Values]]]] = 
 
 
 def _dequantize(ints: Callable[[np.ndarray], Values], scale: float, zero_point: int) -> Callable[[np.ndarray], Values]:
-    """``Tensor.dequantize()`` of a per-tensor affine tensor: float32((q - zero_point) * scale), the product
-    taken in double precision as ATen's dequantize_val does."""
+    """``Tensor.dequantize()`` of a per-tensor affine tensor, in float32 as ATen's vectorized kernel computes it:
+    (float(q) - float(zero_point)) * float(scale)."""
+    zp, sc = np.float32(zero_point), np.float32(scale)
 
     def decode(raw: np.ndarray) -> Values:
-        q = ints(raw).astype(np.float64)
-        q -= zero_point
-        q *= scale
-        return q.astype(np.float32)
+        q = ints(raw).astype(np.float32)
+        q -= zp
+        q *= sc
+        return q
 
     return decode
 
