@@ -128,7 +128,8 @@ def test_the_same_storage_is_not_read(tmp_path, monkeypatch):
         with ckptfs.open(a) as ca, ckptfs.open(other) as cb:
             reads = []
             real = LocalFile.preadinto
-            monkeypatch.setattr(LocalFile, "preadinto", lambda self, buf, off: reads.append(off) or real(self, buf, off))
+            monkeypatch.setattr(LocalFile, "preadinto",
+                                lambda self, buf, off, reads=reads, real=real: reads.append(off) or real(self, buf, off))
             from ckptfs.api.diff import diff_catalogs
 
             entries, summary = diff_catalogs(ca.catalog, cb.catalog)
