@@ -77,9 +77,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     color = sys.stdout.isatty() and not args.json
     names = (oneline(args.a), oneline(args.b))
     with open_checkpoint(args.a, args) as a, open_checkpoint(args.b, args) as b:
-        with bar(None, "diff", disable=args.no_progress or args.quiet) as progress:
-            comparison = Comparison(a.catalog, b.catalog, options, progress=progress.update)
-            progress.total = comparison.total_bytes()
+        comparison = Comparison(a.catalog, b.catalog, options)
+        with bar(comparison.total_bytes(), "diff", disable=args.no_progress or args.quiet) as progress:
+            comparison.progress = progress.update
             for e in comparison:
                 if args.quiet:
                     continue
