@@ -13,6 +13,9 @@ from typing import Iterator
 import pytest
 from helpers import Mounter, require_fuse
 
+#: fixtures that change the machine (users, /etc/fuse.conf, /etc/fstab, the mount(8) helper) and put it back
+pytest_plugins = ["system_fixtures"]
+
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Mounter]:

@@ -162,8 +162,12 @@ def check_fuse(options: dict[str, Any], *, device: str = "/dev/fuse", euid: int 
     if not os.path.exists(device):
         raise MountError(f"FUSE is not available: {device} is missing (load the module: sudo modprobe fuse; "
                          "in a container: --device /dev/fuse --cap-add SYS_ADMIN)")
-    if euid == 0 and not os.access(device, os.R_OK | os.W_OK):
-        raise MountError(f"FUSE is not available: cannot open {device} (permission denied)")
+    if not os.access(device, os.R_OK | os.W_OK):
+        if euid == 0:
+            raise MountError(f"FUSE is not available: cannot open {device} (permission denied)")
+        mode = stat.S_IMODE(os.stat(device).st_mode)
+        raise MountError(f"{device} has mode {mode:04o}: only root can use FUSE here (a standard system opens it to "
+                         f"every user, mode 0666, by udev's rule): as root, chmod 0666 {device}; or mount as root")
     try:
         fuse = load_fuse()
     except FuseUnavailable as e:
