@@ -93,6 +93,7 @@ class DiffEntry:
     at: list[int] | None = None  # where it is
     max_rel: float | None = None  # largest |a - b| / |b|
     nan_mismatch: int | None = None  # elements NaN on one side only
+    nan_at: list[int] | None = None  # the first of them
     how: str | None = None  # identical: "same storage" / "compared"; equal: why the bytes differ
     value_a: str | None = None  # non-tensor values (a short repr)
     value_b: str | None = None
@@ -161,6 +162,10 @@ class Comparison:
         self._keys_b = _selected(b, options.b_prefix, options.patterns)
         self._identities: dict[int, Identity] = {}
         self._elements = chunk_elements(options.chunk_bytes)
+
+    def key_width(self) -> int:
+        """The longest key compared (for aligned output)."""
+        return max((len(k) for k in (*self._keys_a, *self._keys_b)), default=0)
 
     def total_bytes(self) -> int:
         """Tensor bytes the comparison may read: A's side of keys in both (B's is counted as it goes), and the
@@ -305,7 +310,7 @@ class Comparison:
             return self._compare_data(e, ra, rb, da, db)
         except CkptfsError as err:
             e.status, e.error = ERROR, str(err)
-            for k in ("n_different", "max_abs", "at", "max_rel", "nan_mismatch", "how"):
+            for k in ("n_different", "max_abs", "at", "max_rel", "nan_mismatch", "nan_at", "how"):
                 setattr(e, k, None)
             return e
 
@@ -449,6 +454,7 @@ class _ValueDiff:
     n_not_equal: int = 0
     n_not_close: int = 0
     nan_mismatch: int = 0
+    nan_at: int = -1
     max_abs: Any = None
     at: int = -1
     max_rel: float | None = None
@@ -467,7 +473,10 @@ class _ValueDiff:
                 return
             self.n_not_equal += n_ne
             one_nan = nan_a ^ nan_b
-            self.nan_mismatch += int(np.count_nonzero(one_nan))
+            n_nan = int(np.count_nonzero(one_nan))
+            if n_nan and self.nan_at < 0:
+                self.nan_at = first + int(np.argmax(one_nan))
+            self.nan_mismatch += n_nan
             diff = np.abs(a - b)
             diff[equal | one_nan] = 0.0
             mag_b = np.abs(b)
@@ -514,6 +523,7 @@ class _ValueDiff:
         e.at = unravel(self.at, shape) if self.at >= 0 else None
         e.max_rel = self.max_rel
         e.nan_mismatch = self.nan_mismatch or None
+        e.nan_at = unravel(self.nan_at, shape) if self.nan_at >= 0 else None
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------

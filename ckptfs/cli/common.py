@@ -142,6 +142,11 @@ def print_table(table: Sequence[tuple[str, ...]]) -> None:
         out.write("  ".join(cells).rstrip() + "\n")
 
 
+def plural(n: int, word: str) -> str:
+    """'1 value', '2 values', '1,234 values'."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def count_text(n: int) -> str:
     """12,345,678 -> '12.3M' (K, M, B, T)."""
     for div, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):

@@ -25,7 +25,8 @@ from .common import (
 from .progress import bar
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
-KEY_WIDTH = 48
+KEY_WIDTH = 48  # at most: longer keys push their line's other columns
+WHAT_WIDTH = 20
 
 
 def register(sub: Any) -> None:
@@ -78,6 +79,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     names = (oneline(args.a), oneline(args.b))
     with open_checkpoint(args.a, args) as a, open_checkpoint(args.b, args) as b:
         comparison = Comparison(a.catalog, b.catalog, options)
+        width = min(KEY_WIDTH, comparison.key_width())
         with bar(comparison.total_bytes(), "diff", disable=args.no_progress or args.quiet) as progress:
             comparison.progress = progress.update
             for e in comparison:
@@ -89,7 +91,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json_text(e.to_dict()))
                 else:
-                    print(_line(e, names, color, args.exact))
+                    print(_line(e, names, color, args.exact, width))
         summary = comparison.summary
     if not args.quiet:
         print(_summary(summary, names), file=sys.stderr)
@@ -114,11 +116,13 @@ def _values(e: Any) -> str:
     if e.max_rel is not None:
         detail.append(f"max rel {number(e.max_rel, 4)}")
     if e.nan_mismatch:
-        detail.append(f"NaN on one side at {e.nan_mismatch:,}")
+        where = shape_text(e.nan_at) if e.nan_at else "[]"
+        detail.append(f"NaN on one side at {where}" if e.nan_mismatch == 1 else
+                      f"NaN on one side at {e.nan_mismatch:,} elements (first at {where})")
     return parts[0] + (": " + ", ".join(detail) if detail else "")
 
 
-def _line(e: Any, names: tuple[str, str], color: bool, exact: bool = False) -> str:
+def _line(e: Any, names: tuple[str, str], color: bool, exact: bool = False, width: int = KEY_WIDTH) -> str:
     def paint(c: str, s: str) -> str:
         return f"{c}{s}{RESET}" if color else s
 
@@ -164,7 +168,7 @@ def _line(e: Any, names: tuple[str, str], color: bool, exact: bool = False) -> s
             detail = oneline(e.how or "equal values")
         else:
             detail = "close: " + _values(e) + " (within --atol/--rtol)"
-    return paint(c, f"{mark} {key.ljust(KEY_WIDTH)} {what}  {detail}".rstrip())
+    return paint(c, f"{mark} {key.ljust(width)}  {what.ljust(WHAT_WIDTH)}  {detail}".rstrip())
 
 
 def _summary(s: Any, names: tuple[str, str]) -> str:

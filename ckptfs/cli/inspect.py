@@ -171,9 +171,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_code(args: argparse.Namespace) -> int:
     """A TorchScript archive's sources: the list, or one file's text (read only, never compiled)."""
-    from .. import open as ckpt_open
-
-    with ckpt_open(args.checkpoint, strict=args.strict) as ckpt:
+    with open_checkpoint(args.checkpoint, args) as ckpt:
         files = ckpt.code_files()
     if not files:
         raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)

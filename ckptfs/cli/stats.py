@@ -19,6 +19,7 @@ from .common import (
     json_text,
     number,
     open_checkpoint,
+    plural,
     print_table,
     shape_text,
     size_arg,
@@ -111,9 +112,9 @@ def _summary(results: list[Any], args: argparse.Namespace) -> None:
     elements = sum(s.numel for s in results)
     with_nan = [s for s in results if s.nan]
     with_inf = [s for s in results if s.inf]
-    parts = [f"{n} tensors{' with NaN or Inf' if args.nonfinite else ''}, {count_text(elements)} values"]
-    parts.append(f"{len(with_nan)} with NaN ({sum(s.nan for s in with_nan):,} values)" if with_nan else "no NaN")
-    parts.append(f"{len(with_inf)} with Inf ({sum(s.inf for s in with_inf):,} values)" if with_inf else "no Inf")
+    parts = [f"{plural(n, 'tensor')}{' with NaN or Inf' if args.nonfinite else ''}, {count_text(elements)} values"]
+    parts.append(f"{len(with_nan)} with NaN ({plural(sum(s.nan for s in with_nan), 'value')})" if with_nan else "no NaN")
+    parts.append(f"{len(with_inf)} with Inf ({plural(sum(s.inf for s in with_inf), 'value')})" if with_inf else "no Inf")
     errors = sum(1 for s in results if s.error)
     if errors:
         parts.append(f"{errors} could not be read")
