@@ -107,6 +107,29 @@ def daemon(total_bytes: int, tensor_bytes: int) -> dict:
 KINDS = {"tiny": tiny, "big": big, "train": train, "mount": mount, "model": model, "daemon": daemon}
 
 
+def changed(source: str, dst: str) -> None:
+    """``source`` with one element of every tensor changed (the diff benchmark's "after")."""
+    obj = torch.load(source, mmap=True, weights_only=True)
+    out = {}
+    for i, (k, t) in enumerate(obj.items()):
+        u = t.clone()
+        u.view(-1)[(i * 7919) % u.numel()] += 1.0
+        out[k] = u
+    torch.save(out, dst)
+    _fsync(dst)
+
+
+def copy(source: str, dst: str) -> None:
+    """A byte-identical copy (another file: the diff benchmark's "identical, compared" case)."""
+    import shutil
+
+    shutil.copyfile(source, dst)
+    _fsync(dst)
+
+
+DERIVED = {"changed": changed, "copy": copy}
+
+
 def flatten_tensors(obj: Any, prefix: str = "", out: dict | None = None) -> dict:
     """Dotted keys -> tensors for every tensor in nested dicts/lists (what the .safetensors twin holds)."""
     out = {} if out is None else out
@@ -153,6 +176,8 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         if kind == "safetensors":
             to_safetensors(params["source"], path)
+        elif kind in DERIVED:
+            DERIVED[kind](params["source"], path)
         else:
             obj = KINDS[kind](**params)
             torch.save(obj, path)  # the record root is the file's basename: keep the final name

@@ -12,17 +12,17 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import cases_api, cases_index, cases_mount, config, report
+from . import cases_api, cases_index, cases_mount, cases_tools, config, report
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
 # report order
 CASES = {}
-for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES):
+for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_tools.CASES):
     CASES.update(family)
 ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-warm",
          "random-4k", "memmap-cold", "memmap-warm", "transposed", "api-tensor-tiny", "api-numpy-tiny",
-         "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory"]
+         "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss", "index-memory", "stats-1gb", "diff-1gb"]
 assert sorted(ORDER) == sorted(CASES), "every case must have a place in the report"
 # the datasets each case uses (generated before the first case runs)
 NEEDS = {
@@ -31,7 +31,7 @@ NEEDS = {
     "random-4k": ["mount"], "memmap-cold": ["mount"], "memmap-warm": ["mount"], "transposed": ["mount"],
     "api-tensor-tiny": ["tiny", "tiny.st"], "api-numpy-tiny": ["tiny", "tiny.st"], "api-tensor-1gb": ["big", "big.st"],
     "api-numpy-1gb": ["big", "big.st"], "load-state-dict": ["model"], "daemon-rss": ["big", "daemon"],
-    "index-memory": ["huge"],
+    "index-memory": ["huge"], "stats-1gb": ["big"], "diff-1gb": ["big", "bigchanged"],
 }
 assert sorted(NEEDS) == sorted(CASES)
 

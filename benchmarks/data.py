@@ -45,6 +45,11 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
                 description=f"{cfg.daemon_bytes // cfg.daemon_tensor_bytes} float32 tensors of "
                             f"{cfg.daemon_tensor_bytes >> 20} MiB, {cfg.daemon_bytes / 1e9:.2f} GB in total"),
     ]
+    d += [
+        Dataset("bigchanged", "changed", {"source": "big"},
+                description="big.pth with one element of every tensor changed (diff)"),
+        Dataset("bigcopy", "copy", {"source": "big"}, description="a byte-identical copy of big.pth (diff)"),
+    ]
     out = {x.name: x for x in d}
     for base in ("tiny", "big", "train"):
         out[base + ".st"] = Dataset(base + ".st", "safetensors", {"source": base}, ext="safetensors",
@@ -88,7 +93,8 @@ class DataDir:
         todo: list[str] = []
         for name in names:
             ds = self.sets[name]
-            if ds.kind == "safetensors" and not self._ready(ds.params["source"]) and ds.params["source"] not in todo:
+            derived = ds.kind in ("safetensors", "changed", "copy")
+            if derived and not self._ready(ds.params["source"]) and ds.params["source"] not in todo:
                 todo.append(ds.params["source"])
             if not self._ready(name) and name not in todo:
                 todo.append(name)
@@ -101,7 +107,7 @@ class DataDir:
             if os.path.exists(p):
                 os.unlink(p)
             params = dict(ds.params)
-            if ds.kind == "safetensors":
+            if ds.kind in ("safetensors", "changed", "copy"):
                 params["source"] = self.path(params["source"])
             specs.append({"kind": ds.kind, "path": p, "params": params})
         self.log(f"generating {', '.join(todo)} in {self.root} ...")
