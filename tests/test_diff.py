@@ -336,3 +336,25 @@ def test_command_output_quiet_json_and_errors(pair, tmp_path):
         assert r.returncode == 2 and r.stdout == "", r.stdout
         assert len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr and r.stderr.startswith("ckptfs: ")
     assert run("diff", str(a)).returncode == 2  # usage
+
+
+def test_a_shared_remote_style_identity_is_not_taken_for_the_same_bytes(tmp_path):
+    """Two objects may share an ETag-like identity (an nginx ETag is mtime-size) without sharing bytes: only a
+    posix identity (device, inode, mtime) names the same bytes across sources; other identities count together
+    with the source's name, so these two are read and compared."""
+    from ckptfs.source import Identity
+    from ckptfs.source.memory import BytesSource
+
+    class Remote(BytesSource):
+        def identity(self) -> Identity:
+            return Identity("etag", ("5e1f-400",), self.size)
+
+    a, b = tmp_path / "a.pth", tmp_path / "b.pth"
+    torch.save({"w": torch.zeros(64)}, a)
+    torch.save({"w": torch.ones(64)}, b)
+    assert a.stat().st_size == b.stat().st_size
+    (e,), s = ckptfs.diff(Remote(a.read_bytes(), "http://one/m.pth"), Remote(b.read_bytes(), "http://two/m.pth"))
+    assert e.status == "different" and e.n_different == 64 and s.bytes_compared == 2 * 64 * 4
+    same = Remote(a.read_bytes(), "http://one/m.pth")
+    (e,), s = ckptfs.diff(same, Remote(a.read_bytes(), "http://one/m.pth"))  # the same object: not read
+    assert e.how == "same storage" and s.bytes_compared == 0

@@ -49,7 +49,6 @@ from ..model.numeric import (
 from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS
 from ..pickle.nodes import TensorNode
-from ..source import Identity
 
 Progress = Callable[[int], object]  # called with a count of bytes done
 
@@ -160,7 +159,7 @@ class Comparison:
         self.summary = DiffSummary(a.name, b.name, exact=options.exact)
         self._keys_a = _selected(a, options.a_prefix, options.patterns)
         self._keys_b = _selected(b, options.b_prefix, options.patterns)
-        self._identities: dict[int, Identity] = {}
+        self._identities: dict[int, tuple[object, ...]] = {}
         self._elements = chunk_elements(options.chunk_bytes)
 
     def key_width(self) -> int:

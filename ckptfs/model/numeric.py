@@ -18,7 +18,6 @@ Packed dtypes (float4_e2m1fn_x2, quint4x2, bits*) have no numeric decoding: :fun
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -26,7 +25,6 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..pickle.nodes import TensorNode
-from ..source import Identity
 from .extents import ContentHandle, SourceRange, source_range
 from .reader import TensorData
 from .tensors import numel
@@ -255,7 +253,7 @@ def values(data: TensorData, dec: Decoding, elements: int) -> Iterator[tuple[int
 # --- where a tensor's bytes are --------------------------------------------------------------------------------
 
 
-def placement(data: TensorData, identities: dict[int, Identity] | None = None) -> tuple[object, ...] | None:
+def placement(data: TensorData, identities: dict[int, tuple[object, ...]] | None = None) -> tuple[object, ...] | None:
     """What says exactly where a tensor's logical bytes come from: equal placements (same file identity,
     same range, same geometry) mean equal bytes, without reading them. None when unknown (bytes held in
     memory, no storage). ``identities`` caches each source's identity by id."""
@@ -270,12 +268,16 @@ def placement(data: TensorData, identities: dict[int, Identity] | None = None) -
             t.dtype.itemsize)
 
 
-def _identity(r: SourceRange, cache: dict[int, Identity] | None) -> Identity:
-    if cache is None:
-        return r.source.identity()
-    ident = cache.get(id(r.source))
+def _identity(r: SourceRange, cache: dict[int, tuple[object, ...]] | None) -> tuple[object, ...]:
+    """What names a source's bytes across sources: a posix identity (device, inode, mtime) names one file
+    wherever it is opened from; any other identity (an ETag, say) only together with the source's name, as
+    two objects may share an ETag without sharing bytes."""
+    ident = cache.get(id(r.source)) if cache is not None else None
     if ident is None:
-        ident = cache[id(r.source)] = r.source.identity()
+        i = r.source.identity()
+        ident = (i,) if i.kind == "posix" else (i, r.source.name)
+        if cache is not None:
+            cache[id(r.source)] = ident
     return ident
 
 
@@ -284,9 +286,6 @@ def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
     if not shape:
         return []
     return [int(i) for i in np.unravel_index(flat, shape)] if numel(shape) else []
-
-
-NATIVE = sys.byteorder
 
 
 def as_python(v: Any) -> Any:
