@@ -109,7 +109,7 @@ def test_switches_and_the_delay_silence_it(files, switch):
     code, out, tty = run_on_tty(args, environ)
     assert code == 0 and "small" in out
     assert "%|" not in tty and "\r" not in bare(tty), tty
-    assert "1 tensors" in tty  # the summary is there: stderr is the terminal
+    assert "1 tensor," in tty  # the summary is there: stderr is the terminal
 
 
 def test_activity_line_in_process(monkeypatch):
