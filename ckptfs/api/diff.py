@@ -359,12 +359,22 @@ class Comparison:
         acc = _ValueDiff(self.options.atol, self.options.rtol,
                          exact_ints=deca.kind in (INT, BOOL) and decb.kind in (INT, BOOL))
         bytes_equal = True
+        itemsize = deca.itemsize
         for (first, raw_a), (_, raw_b) in zip(chunks(da, self._elements), chunks(db, self._elements), strict=True):
             self._advance(len(raw_a), len(raw_b))
-            if bytes_first and raw_a.tobytes() == raw_b.tobytes():
+            if not bytes_first:
+                bytes_equal = False
+                acc.add(first, deca(raw_a), decb(raw_b))
+                continue
+            idx = _differing(raw_a, raw_b, itemsize)
+            if idx is None:
                 continue  # equal bytes of one meaning: equal values, never decoded
             bytes_equal = False
-            acc.add(first, deca(raw_a), decb(raw_b))
+            if 2 * len(idx) > len(raw_a) // itemsize:  # most differ: decode the chunk whole
+                acc.add(first, deca(raw_a), decb(raw_b))
+            else:  # decode only the elements whose bytes differ
+                acc.add(first, deca(_elements_at(raw_a, idx, itemsize)), decb(_elements_at(raw_b, idx, itemsize)),
+                        idx)
         if bytes_first and bytes_equal:
             e.how = "compared"
             return e
@@ -458,9 +468,16 @@ class _ValueDiff:
     at: int = -1
     max_rel: float | None = None
 
-    def add(self, first: int, va: np.ndarray, vb: np.ndarray) -> None:
+    def add(self, first: int, va: np.ndarray, vb: np.ndarray, index: np.ndarray | None = None) -> None:
+        """Values ``va``/``vb`` of the chunk starting at element ``first``: all of it, or (``index``) only the
+        elements at those positions in it."""
+        if index is not None:
+            first_of = first
+            pos: Any = lambda i: first_of + int(index[i])  # noqa: E731
+        else:
+            pos = lambda i: first + i  # noqa: E731
         if self.exact_ints:
-            self._add_ints(first, va, vb)
+            self._add_ints(pos, va, vb)
             return
         wide = np.complex128 if np.iscomplexobj(va) or np.iscomplexobj(vb) else np.float64
         a, b = va.astype(wide, copy=False), vb.astype(wide, copy=False)
@@ -474,7 +491,7 @@ class _ValueDiff:
             one_nan = nan_a ^ nan_b
             n_nan = int(np.count_nonzero(one_nan))
             if n_nan and self.nan_at < 0:
-                self.nan_at = first + int(np.argmax(one_nan))
+                self.nan_at = pos(int(np.argmax(one_nan)))
             self.nan_mismatch += n_nan
             diff = np.abs(a - b)
             diff[equal | one_nan] = 0.0
@@ -487,13 +504,13 @@ class _ValueDiff:
             i = int(np.argmax(diff))
             m = float(diff[i])
             if diff[i] > 0 and (self.max_abs is None or m > self.max_abs):
-                self.max_abs, self.at = m, first + i
+                self.max_abs, self.at = m, pos(i)
             rel = np.where(diff > 0, diff / mag_b, 0.0)  # x / 0 = inf where b is 0 and a is not
             r = float(rel.max()) if rel.size else 0.0
             if r > 0 and (self.max_rel is None or r > self.max_rel):
                 self.max_rel = r
 
-    def _add_ints(self, first: int, va: np.ndarray, vb: np.ndarray) -> None:
+    def _add_ints(self, pos: Any, va: np.ndarray, vb: np.ndarray) -> None:
         ne = va != vb
         n = int(np.count_nonzero(ne))
         if not n:
@@ -506,7 +523,7 @@ class _ValueDiff:
         j = int(np.argmax(approx))
         m = abs(int(as_python(xa[j])) - int(as_python(xb[j])))
         if self.max_abs is None or m > self.max_abs:
-            self.max_abs, self.at = m, first + int(idx[j])
+            self.max_abs, self.at = m, pos(int(idx[j]))
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = approx / np.abs(xb.astype(np.float64))
         r = float(rel.max())
@@ -526,6 +543,27 @@ class _ValueDiff:
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _differing(raw_a: np.ndarray, raw_b: np.ndarray, itemsize: int) -> np.ndarray | None:
+    """Positions of the elements whose stored bytes differ (one pass over whole elements), or None."""
+    uint = _UINT.get(itemsize)
+    if uint is not None:
+        ne = raw_a.view(uint) != raw_b.view(uint)
+    else:  # 16-byte elements (complex128): two words each
+        ne = (raw_a.view(np.uint64).reshape(-1, itemsize // 8) != raw_b.view(np.uint64).reshape(-1, itemsize // 8)
+              ).any(axis=1)
+    if not ne.any():
+        return None
+    return np.flatnonzero(ne)
+
+
+def _elements_at(raw: np.ndarray, idx: np.ndarray, itemsize: int) -> np.ndarray:
+    """The stored bytes of the elements at ``idx``, laid end to end (what a Decoding takes)."""
+    return raw.reshape(-1, itemsize)[idx].reshape(-1)
+
 
 
 def _why_bytes_differ(a: Decoding, b: Decoding) -> str:
