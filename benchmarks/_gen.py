@@ -328,6 +328,29 @@ def tree_size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+def changed(source: str, dst: str) -> None:
+    """``source`` with one element of every tensor changed (the diff benchmark's "after")."""
+    obj = torch.load(source, mmap=True, weights_only=True)
+    out = {}
+    for i, (k, t) in enumerate(obj.items()):
+        u = t.clone()
+        u.view(-1)[(i * 7919) % u.numel()] += 1.0
+        out[k] = u
+    torch.save(out, dst)
+    _fsync(dst)
+
+
+def copy(source: str, dst: str) -> None:
+    """A byte-identical copy (another file: the diff benchmark's "identical, compared" case)."""
+    import shutil
+
+    shutil.copyfile(source, dst)
+    _fsync(dst)
+
+
+DERIVED = {"changed": changed, "copy": copy}
+
+
 def flatten_tensors(obj: Any, prefix: str = "", out: dict | None = None) -> dict:
     """Dotted keys -> tensors for every tensor in nested dicts/lists (what the .safetensors twin holds)."""
     out = {} if out is None else out
@@ -378,6 +401,8 @@ def main(argv: list[str]) -> int:
             DIR_KINDS[kind](path, **params)
         elif kind in WRITERS:
             WRITERS[kind](path, **params)
+        elif kind in DERIVED:
+            DERIVED[kind](params["source"], path)
         else:
             obj = KINDS[kind](**params)
             torch.save(obj, path)  # the record root is the file's basename: keep the final name

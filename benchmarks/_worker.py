@@ -651,12 +651,89 @@ def op_memmap_threads(spec: dict, mods: dict) -> dict:
             "faults": ru.ru_minflt + ru.ru_majflt - faults0}
 
 
+def _torch_stats(t: Any, torch: Any) -> tuple:
+    """What a user would write for a tensor's statistics with torch."""
+    return (t.min(), t.max(), t.mean(), t.std(), torch.isnan(t).sum(), torch.isinf(t).sum(), (t == 0).sum(),
+            t.abs().max())
+
+
+def op_stats(spec: dict, mods: dict) -> dict:
+    """Statistics of every tensor (ckptfs stats' engine, or torch over torch.load(mmap=True)), with the peak
+    growth of anonymous memory (the page cache of the mapped file is not the process's own)."""
+    impl, path = spec["impl"], spec["path"]
+    prepare(spec)
+    gc.collect()
+    malloc_trim()
+    anon0 = proc_status().get("RssAnon", 0)
+    n = nbytes = 0
+    t0 = time.perf_counter()
+    with RssSampler() as sampler, maybe_profile(spec):
+        if impl == "ckptfs":
+            from ckptfs.api.stats import stats
+
+            with mods["ckptfs"].open(path) as c:
+                for s in stats(c.catalog):
+                    n += 1
+                    nbytes += s.numel * 4
+        elif impl in ("torch_mmap", "torch_mmap_f64"):
+            torch = mods["torch"]
+            obj = torch.load(path, mmap=True, weights_only=True)
+            for _, t in walk_tensors(obj, torch):
+                _torch_stats(t.double() if impl.endswith("f64") else t, torch)
+                n += 1
+                nbytes += t.nbytes
+        else:
+            raise ValueError(impl)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "n": n, "bytes": nbytes, "bytes_per_s": nbytes / seconds,
+            "anon_growth": sampler.peak_anon - anon0}
+
+
+def op_diff(spec: dict, mods: dict) -> dict:
+    """Compare ``path`` with ``other`` tensor by tensor: ckptfs's Comparison, or torch over two mmap loads (equal?
+    else the largest absolute difference and the count, in float64)."""
+    impl, path, other = spec["impl"], spec["path"], spec["other"]
+    prepare(spec)
+    gc.collect()
+    malloc_trim()
+    anon0 = proc_status().get("RssAnon", 0)
+    different = n = nbytes = 0
+    t0 = time.perf_counter()
+    with RssSampler() as sampler, maybe_profile(spec):
+        if impl == "ckptfs":
+            from ckptfs.api.diff import Comparison
+
+            with mods["ckptfs"].open(path) as a, mods["ckptfs"].open(other) as b:
+                for e in Comparison(a.catalog, b.catalog):
+                    n += 1
+                    different += e.status != "identical"
+                    nbytes += (e.numel or 0) * 4
+        elif impl == "torch_mmap":
+            torch = mods["torch"]
+            ta = dict(walk_tensors(torch.load(path, mmap=True, weights_only=True), torch))
+            tb = dict(walk_tensors(torch.load(other, mmap=True, weights_only=True), torch))
+            for k, x in ta.items():
+                y = tb[k]
+                n += 1
+                nbytes += x.nbytes
+                if not torch.equal(x, y):
+                    different += 1
+                    d = (x.double() - y.double()).abs()
+                    d.max(), (d > 0).sum()
+        else:
+            raise ValueError(impl)
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "n": n, "different": different, "bytes": nbytes, "bytes_per_s": nbytes / seconds,
+            "anon_growth": sampler.peak_anon - anon0}
+
+
 OPS: dict[str, Callable[[dict, dict], dict]] = {
     "index": op_index, "api_all": op_api_all, "load_state_dict": op_load_state_dict, "seq_read": op_seq_read,
     "random_read": op_random_read, "memmap_sum": op_memmap_sum, "http_get": op_http_get,
     "http_random": op_http_random, "download_load": op_download_load,
     "parallel_read": op_parallel_read,
     "memmap_threads": op_memmap_threads,
+    "stats": op_stats, "diff": op_diff,
 }
 
 

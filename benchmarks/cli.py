@@ -12,14 +12,15 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_scale, cases_views, config, report
+from . import (cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_scale, cases_tools, cases_views,
+               config, report)
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
 # report order
 CASES = {}
 for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_scale.CASES, cases_formats.CASES,
-               cases_remote.CASES, cases_views.CASES):
+               cases_remote.CASES, cases_views.CASES, cases_tools.CASES):
     CASES.update(family)
 ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-fresh",
          "seq-read-warm", "random-4k", "memmap-cold", "memmap-warm", "readers-8", "memmap-threads", "transposed",
@@ -27,7 +28,7 @@ ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq
          "index-memory", "scale-curve", "index-100gb", "mount-100gb",
          "index-shards-st", "index-shards-bin", "mount-ready-30-shards", "index-dcp", "mount-ready-dcp",
          "remote-ls-1gb", "remote-seq", "remote-random-4k", "remote-seq-20ms", "remote-random-20ms",
-         "export-1gb", "view-first-tensor", "view-hf-load"]
+         "export-1gb", "view-first-tensor", "view-hf-load", "stats-1gb", "diff-1gb"]
 assert sorted(ORDER) == sorted(CASES), "every case must have a place in the report"
 # the datasets each case uses (generated before the first case runs)
 NEEDS = {
@@ -46,6 +47,7 @@ NEEDS = {
     "mount-100gb": ["sparse-small", "sparse-large"],
     # the scale curve's datasets depend on the configuration (--quick: smaller sizes): see needs()
     "scale-curve": [],
+    "stats-1gb": ["big"], "diff-1gb": ["big", "bigchanged"],
 }
 
 

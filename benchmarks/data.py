@@ -64,6 +64,9 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
                 description="the same as 30 torch.save shards + pytorch_model.bin.index.json"),
         Dataset("dcp", "dcp", {"n": cfg.dcp_n}, ext="d",
                 description=f"a DCP checkpoint (torch.distributed.checkpoint.save) of {cfg.dcp_n:,} entries"),
+        Dataset("bigchanged", "changed", {"source": "big"},
+                description="big.pth with one element of every tensor changed (diff)"),
+        Dataset("bigcopy", "copy", {"source": "big"}, description="a byte-identical copy of big.pth (diff)"),
     ]
     for n in cfg.scale_sizes:
         d.append(Dataset(f"scale{n}", "tiny", {"n": n, "numel": cfg.tiny_numel},
@@ -111,7 +114,8 @@ class DataDir:
         todo: list[str] = []
         for name in names:
             ds = self.sets[name]
-            if ds.kind == "safetensors" and not self._ready(ds.params["source"]) and ds.params["source"] not in todo:
+            derived = ds.kind in ("safetensors", "changed", "copy")
+            if derived and not self._ready(ds.params["source"]) and ds.params["source"] not in todo:
                 todo.append(ds.params["source"])
             if not self._ready(name) and name not in todo:
                 todo.append(name)
@@ -128,7 +132,7 @@ class DataDir:
             elif os.path.exists(p):
                 os.unlink(p)
             params = dict(ds.params)
-            if ds.kind == "safetensors":
+            if ds.kind in ("safetensors", "changed", "copy"):
                 params["source"] = self.path(params["source"])
             specs.append({"kind": ds.kind, "path": p, "params": params})
         self.log(f"generating {', '.join(todo)} in {self.root} ...")

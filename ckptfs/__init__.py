@@ -36,12 +36,13 @@ from .source import ByteSource, LocalFile
 from .source.options import RemoteOptions
 
 if TYPE_CHECKING:
+    from .api.diff import DiffEntry, DiffSummary
     from .views.tree import MemmapMode
 
 __all__ = [
     "ByteSource", "Catalog", "Checkpoint", "CkptfsError", "FormatError", "LimitError", "Limits", "LocalFile", "Meta",
     "RemoteError", "RemoteOptions", "StaleSourceError", "TensorError", "UnsafePickleError", "UnsupportedError",
-    "export", "load", "memmap", "open",
+    "diff", "export", "load", "memmap", "open",
 ]
 
 
@@ -80,6 +81,24 @@ def export(src: str | os.PathLike[str] | ByteSource | Checkpoint, dst: str | os.
     from .api.export import export as _export
 
     return _export(src, dst, **kwargs)
+
+
+def diff(a: str | os.PathLike[str] | ByteSource | Checkpoint, b: str | os.PathLike[str] | ByteSource | Checkpoint, *,
+         atol: float = 0.0, rtol: float = 0.0, exact: bool = False, renames: bool = True,
+         strict: bool = False) -> tuple[list[DiffEntry], DiffSummary]:
+    """Compare two checkpoints key by key (what ``ckptfs diff`` prints): ``(entries, summary)``;
+    ``summary.identical`` is the verdict. Entries of keys that are the same are included (status
+    "identical", "equal" or "close"). See :mod:`ckptfs.api.diff`."""
+    from .api.diff import DiffOptions, diff_catalogs
+
+    opened = [x if isinstance(x, Checkpoint) else Checkpoint(x, strict=strict) for x in (a, b)]
+    try:
+        return diff_catalogs(opened[0].catalog, opened[1].catalog,
+                             DiffOptions(atol=atol, rtol=rtol, exact=exact, renames=renames))
+    finally:
+        for given, ckpt in zip((a, b), opened, strict=True):
+            if ckpt is not given:
+                ckpt.close()
 
 
 def memmap(path: str | os.PathLike[str], mode: MemmapMode = "r") -> Any:

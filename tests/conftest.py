@@ -14,8 +14,9 @@ import pytest
 from helpers import Mounter, require_fuse
 
 #: fixtures of the directory formats (DCP, sharded checkpoints), written by the real writers; nginx, SeaweedFS
-#: and a fault-injecting proxy (tests/servers.py)
-pytest_plugins = ["formats_fixtures", "remote_fixtures"]
+#: and a fault-injecting proxy (tests/servers.py); fixtures that change the machine (users, /etc/fuse.conf,
+#: /etc/fstab, the mount(8) helper) and put it back
+pytest_plugins = ["formats_fixtures", "remote_fixtures", "system_fixtures"]
 
 
 @pytest.fixture

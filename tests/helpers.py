@@ -479,3 +479,53 @@ def write_hf_bin_shards(d: Path, state_dict: dict, max_shard_size: int | str = "
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
         (Path(d) / f"{prefix}.bin.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return list(split.filename_to_tensors)
+
+
+# --- statistics and differences as torch computes them (test_stats, test_diff) ------------------------------------
+
+
+def torch_values(t: torch.Tensor) -> torch.Tensor:
+    """The values of a tensor as torch.load gives it, widened by torch to float64 (complex128 for complex
+    dtypes): quantized tensors dequantized, conjugate / negative views resolved."""
+    t = t.detach()
+    if t.is_quantized:
+        t = t.dequantize()
+    t = t.resolve_conj().resolve_neg()
+    return t.to(torch.complex128 if t.is_complex() else torch.float64)
+
+
+def expected_stats(t: torch.Tensor) -> dict:
+    """What ckptfs stats must report for ``t`` (docs/cli.md), computed by torch: counts of NaN / +Inf / -Inf /
+    zeros / finite; min, max and abs max over the values that are not NaN; mean and Bessel-corrected std over
+    the finite values; integers' min/max exactly (torch's tolist), bool's as bools."""
+    x = torch_values(t).reshape(-1)
+    isnan = torch.isnan(x)
+    fin = x[torch.isfinite(x)]
+    nonnan = x[~isnan]
+    out: dict = {"numel": x.numel(), "nan": int(isnan.sum()), "zeros": int((x == 0).sum()),
+                 "finite": int(fin.numel())}
+    if x.is_complex():
+        out.update(posinf=None, neginf=None, inf=int(torch.isinf(x).sum()), min=None, max=None)
+    else:
+        out.update(posinf=int(torch.isposinf(x).sum()), neginf=int(torch.isneginf(x).sum()))
+        out["inf"] = out["posinf"] + out["neginf"]
+        if t.dtype == torch.bool:
+            vals = t.reshape(-1).tolist()
+            out["min"], out["max"] = (min(vals), max(vals)) if vals else (None, None)
+        elif not t.is_floating_point() and not t.is_quantized:
+            vals = t.reshape(-1).tolist()  # exact Python ints
+            out["min"], out["max"] = (min(vals), max(vals)) if vals else (None, None)
+        else:
+            out["min"] = float(nonnan.min()) if nonnan.numel() else None
+            out["max"] = float(nonnan.max()) if nonnan.numel() else None
+    if out.get("min") is not None and not x.is_complex():
+        out["abs_max"] = (max(abs(out["min"]), abs(out["max"])) if t.dtype != torch.bool else bool(out["max"]))
+    else:
+        out["abs_max"] = float(nonnan.abs().max()) if nonnan.numel() else None
+    if fin.numel():
+        m = fin.mean().item()
+        out["mean"] = complex(m) if x.is_complex() else float(m)
+    else:
+        out["mean"] = None
+    out["std"] = float(fin.std()) if fin.numel() > 1 else None
+    return out

@@ -67,19 +67,19 @@ def test_check_green_and_red(model_file, tmp_path):
                 data = data + b"\x00" * 8  # record longer than the pickle declares
             zout.writestr(info, data)
     r = run("check", str(bad))
-    assert r.returncode == 3, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr  # a mismatch: the answer is "no" (docs/cli.md)
     assert "FAIL" in r.stdout and "1 mismatched" in r.stdout
 
 
 def test_errors_are_one_line_with_exit_status(tmp_path):
     missing = tmp_path / "nope.pth"
     r = run("ls", str(missing))
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == 2 and r.stdout == ""  # trouble (docs/cli.md: 2 for every error)
     assert r.stderr.strip().count("\n") == 0 and str(missing) in r.stderr and "Traceback" not in r.stderr
     junk = tmp_path / "junk.pth"
     junk.write_bytes(os.urandom(100))
     r = run("info", str(junk))
-    assert r.returncode == 1 and "junk.pth" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "junk.pth" in r.stderr and "Traceback" not in r.stderr
     r = run("--debug", "info", str(junk))
     assert r.returncode != 0 and "Traceback" in r.stderr
     r = run("ls")
@@ -102,7 +102,7 @@ def test_check_refuses_unsafe_pickles_unless_trusted(tmp_path):
     finally:
         del __main__.Custom
     r = run("check", str(p))
-    assert r.returncode == 1 and "torch.load failed" in r.stderr and "--trust" in r.stderr
+    assert r.returncode == 2 and "torch.load failed" in r.stderr and "--trust" in r.stderr
     r = run("ls", str(p))  # ckptfs itself indexes it: the object is opaque data, its tensor reachable
     assert r.returncode == 0 and "obj.w" in r.stdout
 

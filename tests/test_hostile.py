@@ -124,7 +124,7 @@ def check_cli(run: Run, case: Case, path: Path, expect_ok: bool) -> None:
     if expect_ok:
         assert run.exit == 0, run.describe()
     else:
-        assert run.exit == 1, run.describe()
+        assert run.exit == 2, run.describe()  # trouble (docs/cli.md)
         assert run.stdout == "", run.describe()
         err = run.stderr.strip()
         assert err.startswith("ckptfs: "), err
@@ -179,7 +179,7 @@ def test_real_command(name: str, tmp_path: Path) -> None:
                            timeout=30, errors="backslashreplace")
         assert "Traceback" not in p.stderr
         if case.expect == "error":
-            assert p.returncode == 1 and p.stdout == ""
+            assert p.returncode == 2 and p.stdout == ""
             assert_one_line_error(p.stderr.strip(), path)
             assert p.stderr.startswith("ckptfs: ")
         else:
@@ -211,11 +211,11 @@ def test_cli_limit_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     path = case.materialise(tmp_path)
     assert main(["info", str(path)]) == 0
     capsys.readouterr()
-    assert main(["ls", "--limit", "max_tensors=2000", str(path)]) == 1
+    assert main(["ls", "--limit", "max_tensors=2000", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ckptfs: ") and "more than 2000 tensors" in err
-    assert main(["info", "--limit", "max_tensors=1k", "--limit", "max_memory=1G", str(path)]) == 1
-    assert main(["ls", "--limit", "no_such_limit=1", str(path)]) == 1
+    assert main(["info", "--limit", "max_tensors=1k", "--limit", "max_memory=1G", str(path)]) == 2
+    assert main(["ls", "--limit", "no_such_limit=1", str(path)]) == 2
     assert "no_such_limit" in capsys.readouterr().err
 
 

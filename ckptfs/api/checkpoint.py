@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .slicing import TensorSlice
+    from .stats import Histogram, TensorStats
 
 Key = str | tuple[object, ...]
 
@@ -278,6 +279,21 @@ class Checkpoint:
 
     def get_slice(self, key: str) -> TensorSlice:
         return self.slice(key, framework="pt")
+
+    # --- statistics ------------------------------------------------------------------------------------
+    def stats(self, key: Key, *, chunk_bytes: int | None = None) -> TensorStats:
+        """min, max, mean, std, abs max and NaN / Inf / zero counts of a tensor, read in chunks (bounded
+        memory); see :mod:`ckptfs.api.stats` for what each number means."""
+        from ..model.numeric import CHUNK_BYTES
+        from .stats import tensor_stats
+
+        return tensor_stats(self.catalog, self.row(key), chunk_bytes=chunk_bytes or CHUNK_BYTES)
+
+    def histogram(self, key: Key, bins: int = 50, value_range: tuple[float, float] | None = None) -> Histogram:
+        """Counts of a real tensor's finite values in ``bins`` equal bins (numpy.histogram's edges)."""
+        from .stats import histogram
+
+        return histogram(self.catalog, self.row(key), bins=bins, value_range=value_range)
 
     # --- values ----------------------------------------------------------------------------------------
     def value(self, key: Key) -> Any:

@@ -41,6 +41,7 @@ from ..model.opener import Target
 from ..model.tensors import contiguous_strides
 from ..pickle.nodes import TensorNode
 from ..source import LocalFile
+from ..source.options import RemoteOptions
 from ..views.model_dir import ModelSource, open_model, open_passthrough
 from ..views.safetensors import (
     SafetensorsFile,
@@ -116,7 +117,8 @@ class _Part:
 def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
            max_shard_size: int = DEFAULT_MAX_SHARD, keep_shards: bool = False, force: bool = False,
            verify: bool = False, progress: Progress | None = None, strict: bool = False,
-           limits: Limits = DEFAULT_LIMITS, storage_options: Mapping[str, str] | None = None) -> ExportResult:
+           limits: Limits = DEFAULT_LIMITS, storage_options: Mapping[str, object] | None = None,
+           remote: RemoteOptions | None = None) -> ExportResult:
     """Write ``src`` as safetensors: one file when ``dst`` ends with ``.safetensors``, else a directory in
     HF's layout (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards of at most
     ``max_shard_size`` tensor bytes plus ``model.safetensors.index.json``; with ``keep_shards``, one shard
@@ -133,7 +135,7 @@ def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
     _check_destination(dst, single, force)
     owned = not isinstance(src, (Catalog, Checkpoint))
     model = open_model(src.catalog if isinstance(src, Checkpoint) else src, strict=strict, limits=limits,
-                       storage_options=storage_options)
+                       storage_options=storage_options, remote=remote)
     try:
         outputs, result = _plan(model, dst, single, max_shard_size, keep_shards)
         _write_all(model, outputs, dst, single, force, verify, progress, result)

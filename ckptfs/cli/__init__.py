@@ -13,13 +13,15 @@ from typing import Sequence
 
 from .._version import __version__
 from ..errors import CkptfsError, brief, oneline
-from . import check, export, inspect, mount
-from .common import EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from . import check, diff, export, inspect, mount, mounthelper, stats
+from .common import EXIT_DIFFERENT, EXIT_ERROR, EXIT_MISMATCH, EXIT_OK, EXIT_USAGE
+from .mounthelper import looks_like_helper_call
 from .proctitle import scrub_if_needed
 
-__all__ = ["EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+__all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_MISMATCH", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-COMMANDS = (inspect, check, mount, export)
+COMMANDS = (inspect, stats, diff, check, mount, export)
+COMMAND_NAMES: list[str] = []  # filled by build_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,13 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for family in COMMANDS:
         family.register(sub)
+    COMMAND_NAMES[:] = sub.choices
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    own_argv = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if argv is None:  # our own process's arguments: credentials out of the process list (cli/proctitle.py)
+    if looks_like_helper_call(argv, COMMAND_NAMES):  # mount.fuse3 runs `ckptfs SRC MNT -o OPTS`
+        return mounthelper.main(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # patterns after options (`ckptfs ls CKPT --json 'enc.*'`) are patterns; anything else is an error
+        if isinstance(getattr(args, "pattern", None), list) and not any(x.startswith("-") for x in extra):
+            args.pattern += extra
+        else:
+            parser.parse_args(argv)  # argparse's own message, exit 2
+    if own_argv:  # our own process's arguments: credentials out of the process list (cli/proctitle.py)
         scrub_if_needed()
     debug = getattr(args, "debug", False)
     try:

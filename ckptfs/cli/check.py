@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from ..errors import oneline
-from .common import EXIT_MISMATCH, EXIT_OK, add_checkpoint_args, remote_from
+from .common import EXIT_MISMATCH, EXIT_OK, add_checkpoint_args, add_progress_arg, examples, open_checkpoint
+from .progress import activity, bar
 
 GREEN, RED, YELLOW, RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
 
 def register(sub: Any) -> None:
-    sp = sub.add_parser("check", help="compare every tensor with torch.load (imports torch)")
+    sp = sub.add_parser(
+        "check", help="compare every tensor with torch.load (imports torch); exit 1 on a mismatch",
+        description="Load the checkpoint with torch.load (weights_only=True unless --trust) and compare every tensor "
+                    "ckptfs serves with torch's: dtype, shape, requires_grad, Parameter-ness and bytes. Exit status: "
+                    "0 every tensor agrees, 1 a mismatch, 2 trouble (torch or ckptfs cannot read the file).",
+        **examples("ckptfs check model.pth", "ckptfs check -v model.pth          # a line per tensor",
+                   "ckptfs check --trust scripted.pt   # a TorchScript archive: lets torch run it"))
     add_checkpoint_args(sp)
     sp.add_argument("-v", "--verbose", action="store_true", help="a line per key, not only mismatches")
     sp.add_argument("--trust", action="store_true",
                     help="let torch.load run the pickle (weights_only=False); only for files you trust")
-    sp.add_argument("--no-progress", action="store_true")
+    add_progress_arg(sp)
     sp.set_defaults(func=cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .. import open as ckpt_open
     from ..torchio.check import compare, count_compared, load_reference
 
     color = sys.stdout.isatty()
@@ -32,30 +37,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     def paint(c: str, s: str) -> str:
         return f"{c}{s}{RESET}" if color else s
 
-    storage_options, remote = remote_from(args)
-    with ckpt_open(args.checkpoint, strict=args.strict, storage_options=storage_options, remote=remote) as ckpt:
-        reference = load_reference(ckpt.catalog, args.checkpoint, args.trust)
+    with open_checkpoint(args.checkpoint, args) as ckpt:
+        with activity(f"torch.load {oneline(args.checkpoint)}", disable=args.no_progress):
+            reference = load_reference(ckpt.catalog, args.checkpoint, args.trust)
         total = count_compared(ckpt.catalog)
-        show_progress = not args.no_progress and sys.stderr.isatty() and total > 200
         ok = bad = skipped = 0
-        start = time.monotonic()
-        for n, out in enumerate(compare(ckpt.catalog, reference), 1):
-            if out.status == "skip":
-                skipped += 1
-                if args.verbose:
-                    print(paint(YELLOW, "SKIP ") + f"{oneline(out.key)}: {oneline(out.problem)}")
-            elif out.status == "fail":
-                bad += 1
-                print(paint(RED, "FAIL ") + f"{oneline(out.key)}: {oneline(out.problem)}")
-            else:
-                ok += 1
-                if args.verbose:
-                    print(paint(GREEN, "OK   ") + f"{oneline(out.key)}  {out.dtype} {list(out.shape)}")
-            if show_progress and n <= total and (n % 100 == 0 or n == total):
-                sys.stderr.write(f"\r  {n}/{total} tensors checked ({time.monotonic() - start:.0f} s)")
-                sys.stderr.flush()
-                if n == total:
-                    sys.stderr.write("\n")
+        with bar(total, "check", unit="tensor", disable=args.no_progress) as progress:
+            for out in compare(ckpt.catalog, reference):
+                progress.update(1)
+                if out.status == "skip":
+                    skipped += 1
+                    if args.verbose:
+                        print(paint(YELLOW, "SKIP ") + f"{oneline(out.key)}: {oneline(out.problem)}")
+                elif out.status == "fail":
+                    bad += 1
+                    print(paint(RED, "FAIL ") + f"{oneline(out.key)}: {oneline(out.problem)}")
+                else:
+                    ok += 1
+                    if args.verbose:
+                        print(paint(GREEN, "OK   ") + f"{oneline(out.key)}  {out.dtype} {list(out.shape)}")
         for name, e in ckpt.catalog.problems:  # files of a directory ckptfs could not index: not compared
             bad += 1
             print(paint(RED, "FAIL ") + f"{oneline(name)}: left out: {e.reason}")

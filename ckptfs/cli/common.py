@@ -8,11 +8,40 @@ import sys
 from typing import Any, Sequence
 
 from ..errors import CkptfsError, brief, oneline
+from .progress import activity
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
+#: Exit statuses, the same for every command (docs/cli.md), as diff(1) and cmp(1) have them: 0 success (for
+#: diff and check: identical / every tensor agrees), 1 the answer is "no" (diff: differences; check:
+#: mismatches), 2 trouble (an error; wrong usage, which argparse reports with 2 too).
+EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+EXIT_USAGE = EXIT_ERROR
+EXIT_MISMATCH = EXIT_DIFFERENT
 
 LIMIT_HELP = ("raise or lower a resource limit for this file, e.g. --limit max_tensors=2000000 "
               "--limit max_memory=2G (see docs/security.md)")
+
+
+def examples(*lines: str) -> dict[str, Any]:
+    """``add_parser`` keywords for a command whose ``--help`` ends with examples (kept as written)."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {line}" for line in lines),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def add_progress_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--no-progress", action="store_true",
+                    help="no progress bar (there is one only when stderr is a terminal)")
+
+
+def open_checkpoint(path: str, args: argparse.Namespace, *, limits: Any = None) -> Any:
+    """``ckptfs.open(path)`` with the command's --strict / --limit / remote options, showing what takes time on
+    a terminal."""
+    from .. import open as ckpt_open
+
+    storage_options, remote = remote_from(args)
+    with activity(f"indexing {oneline(path)}", disable=bool(getattr(args, "no_progress", False))):
+        return ckpt_open(path, strict=bool(getattr(args, "strict", False)),
+                         limits=limits if limits is not None else limits_from(args),
+                         storage_options=storage_options, remote=remote)
 
 
 def add_checkpoint_args(sp: argparse.ArgumentParser, limits: bool = False) -> None:
@@ -90,6 +119,32 @@ def remote_from(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
     return options, RemoteOptions(**fields) if fields else None
 
 
+def size_arg(text: str) -> int:
+    """An argparse type: a byte count with an optional K/M/G suffix (``64M``)."""
+    t = text.strip()
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:].lower(), 1)
+    try:
+        n = int(t[:-1] if mult > 1 else t, 0) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8M, 65536)") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return n
+
+
+def number(v: Any, digits: int = 6) -> str:
+    """A statistic for a table: ints exactly, floats with ``digits`` significant digits, complex as a+bj."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v) if abs(v) < 10**15 else f"{v:.{digits}g}"
+    if isinstance(v, complex):
+        return f"{v.real:.{digits - 2}g}{v.imag:+.{digits - 2}g}j"
+    return f"{v:.{digits}g}"
+
+
 def human(n: int | None) -> str:
     if n is None:
         return "-"
@@ -154,6 +209,11 @@ def print_table(table: Sequence[tuple[str, ...]]) -> None:
     for r in table:
         cells = [r[c].ljust(widths[c]) for c in range(len(widths))] + [r[-1]]
         out.write("  ".join(cells).rstrip() + "\n")
+
+
+def plural(n: int, word: str) -> str:
+    """'1 value', '2 values', '1,234 values'."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def count_text(n: int) -> str:

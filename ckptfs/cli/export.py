@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from ..errors import oneline
-from .common import EXIT_OK, LIMIT_HELP, human, json_text, limits_from
+from .common import EXIT_OK, LIMIT_HELP, add_remote_args, human, json_text, limits_from, remote_from
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20,
@@ -52,6 +52,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--strict", action="store_true", help="refuse classes outside ckptfs's allowlist")
     sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
     sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_remote_args(sp)
     sp.set_defaults(func=cmd_export)
 
 
@@ -91,6 +92,8 @@ def _terminate(signum: int, frame: Any) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from ..api.export import DEFAULT_MAX_SHARD, export
 
+    storage_options, remote = remote_from(args)
+
     bar = _Bar(os.path.basename(args.destination.rstrip("/")) or args.destination) \
         if not args.quiet and sys.stderr.isatty() else None
     old = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -98,7 +101,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         result = export(args.checkpoint, args.destination,
                         max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD, keep_shards=args.keep_shards,
                         force=args.force, verify=args.verify, progress=bar, strict=args.strict,
-                        limits=limits_from(args))
+                        limits=limits_from(args), storage_options=storage_options, remote=remote)
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -14,18 +14,20 @@ from .common import (
     EXIT_OK,
     add_checkpoint_args,
     count_text,
+    examples,
     human,
     json_text,
     leaf_preview,
-    limits_from,
+    open_checkpoint,
     print_table,
-    remote_from,
     shape_text,
 )
 
 
 def register(sub: Any) -> None:
-    sp = sub.add_parser("ls", help="list keys with dtype, shape and size")
+    sp = sub.add_parser("ls", help="list keys with dtype, shape and size",
+                        **examples("ckptfs ls model.pth", "ckptfs ls model.pth 'encoder.*' -b   # sizes in bytes",
+                                   "ckptfs ls --tree model.pth            # like du", "ckptfs ls --json model.pth | jq ."))
     add_checkpoint_args(sp, limits=True)
     sp.add_argument("pattern", nargs="*", help="only keys matching these globs (e.g. 'encoder.*')")
     sp.add_argument("-t", "--tree", action="store_true", help="show a tree split on '.', with subtree sizes")
@@ -33,24 +35,24 @@ def register(sub: Any) -> None:
     sp.add_argument("-b", "--bytes", action="store_true", help="sizes in bytes")
     sp.set_defaults(func=cmd_ls)
 
-    sp = sub.add_parser("info", help="format, writer hints, counts and bytes per dtype")
+    sp = sub.add_parser("info", help="format, writer hints, counts and bytes per dtype",
+                        **examples("ckptfs info model.pth", "ckptfs info --json model.pth"))
     add_checkpoint_args(sp, limits=True)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_info)
 
-    sp = sub.add_parser("code", help="list or print a TorchScript archive's code/ sources (never run)")
+    sp = sub.add_parser("code", help="list or print a TorchScript archive's code/ sources (never run)",
+                        **examples("ckptfs code scripted.pt                  # the list",
+                                   "ckptfs code scripted.pt __torch__.py     # one file's text"))
     add_checkpoint_args(sp)
     sp.add_argument("path", nargs="?", help="a file from the list, e.g. __torch__.py")
     sp.set_defaults(func=cmd_code)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .. import open as ckpt_open
     from ..model.tensors import nbytes, validate_all
 
-    storage_options, remote = remote_from(args)
-    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args), storage_options=storage_options,
-                   remote=remote) as ckpt:
+    with open_checkpoint(args.checkpoint, args) as ckpt:
         index = ckpt.index
         validate_all(index, ckpt.limits)  # the error column needs every tensor checked
         rows = []
@@ -136,11 +138,7 @@ def print_tree(ckpt: Any, rows: list[Any], args: argparse.Namespace) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .. import open as ckpt_open
-
-    storage_options, remote = remote_from(args)
-    with ckpt_open(args.checkpoint, strict=args.strict, limits=limits_from(args), storage_options=storage_options,
-                   remote=remote) as ckpt:
+    with open_checkpoint(args.checkpoint, args) as ckpt:
         info = ckpt.info()
     if args.json:
         print(json_text(info, indent=2))
@@ -216,10 +214,7 @@ def _dcp_counts(c: dict[str, Any]) -> str:
 
 def cmd_code(args: argparse.Namespace) -> int:
     """A TorchScript archive's sources: the list, or one file's text (read only, never compiled)."""
-    from .. import open as ckpt_open
-
-    storage_options, remote = remote_from(args)
-    with ckpt_open(args.checkpoint, strict=args.strict, storage_options=storage_options, remote=remote) as ckpt:
+    with open_checkpoint(args.checkpoint, args) as ckpt:
         files = ckpt.code_files()
     if not files:
         raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)

@@ -23,13 +23,15 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .._version import __version__
 from ..errors import CkptfsError
 from ..source.options import RemoteOptions
 from ..source.urls import is_url, local_path
+from .options import become, split_options
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -164,8 +166,12 @@ def check_fuse(options: dict[str, Any], *, device: str = "/dev/fuse", euid: int 
     if not os.path.exists(device):
         raise MountError(f"FUSE is not available: {device} is missing (load the module: sudo modprobe fuse; "
                          "in a container: --device /dev/fuse --cap-add SYS_ADMIN)")
-    if euid == 0 and not os.access(device, os.R_OK | os.W_OK):
-        raise MountError(f"FUSE is not available: cannot open {device} (permission denied)")
+    if not os.access(device, os.R_OK | os.W_OK):
+        if euid == 0:
+            raise MountError(f"FUSE is not available: cannot open {device} (permission denied)")
+        mode = stat.S_IMODE(os.stat(device).st_mode)
+        raise MountError(f"{device} has mode {mode:04o}: only root can use FUSE here (a standard system opens it to "
+                         f"every user, mode 0666, by udev's rule): as root, chmod 0666 {device}; or mount as root")
     try:
         fuse = load_fuse()
     except FuseUnavailable as e:
@@ -230,6 +236,8 @@ class MountRequest:
     storage_options: dict[str, Any] | None = None  # a URL's backend options (credentials: never shown)
     remote: RemoteOptions | None = None  # how a URL is read (timeout, caches)
     view: str = "tree"  # VIEWS: "tree" (keys as files), "safetensors" (the checkpoint as safetensors files)
+    #: a context manager factory around indexing (the CLI shows what takes time on a terminal)
+    indexing: Callable[[str], AbstractContextManager[object]] | None = None
 
 
 #: ``--view`` choices; ``-o`` options that belong to a view (not passed to FUSE)
@@ -252,10 +260,15 @@ def mount(req: MountRequest) -> None:
     src = req.checkpoint if remote else os.path.abspath(local_path(req.checkpoint))
     mnt = os.path.realpath(req.mountpoint)
     debug = req.debug
-    foreground = bool(req.foreground or debug and not req.log)
-    options = req.options
-    if options.get("rw"):
-        raise MountError("the mount is read-only; -o rw is not possible")
+    try:
+        opts = split_options(req.options)
+    except CkptfsError as e:
+        raise MountError(e.reason) from None
+    if opts.setuid:  # as mount.fuse3's setuid=USER: the user owns the mount (and reads the checkpoint)
+        become(opts.setuid)
+    options = opts.fuse
+    log_option = req.log or opts.log
+    foreground = bool(req.foreground or debug and not log_option)
     if req.view not in VIEWS:
         raise MountError(f"--view {req.view!r}: expected one of {', '.join(VIEWS)}")
     view_options = {k: options.pop(k) for k in list(options) if k in VIEW_OPTIONS}
@@ -267,10 +280,12 @@ def mount(req: MountRequest) -> None:
     check_mountpoint(mnt, nonempty=bool(options.get("nonempty")))
     fuse = check_fuse(options)
 
-    view, catalog = _make_view(req, src, view_options)
+    with req.indexing(src) if req.indexing is not None else nullcontext():
+        view, catalog = _make_view(req, src, view_options, strict=req.strict or opts.strict)
     src = catalog.name  # a URL without its credentials: what the log, mount.json and /proc/mounts show
-    threads = req.threads or remote  # a read waiting on the network must not hold up every other request
-    logfile = os.path.abspath(req.log) if req.log else None
+    # a read waiting on the network must not hold up every other request: a URL is always served by threads
+    threads = req.threads or opts.threads or remote
+    logfile = os.path.abspath(log_option) if log_option else None
 
     def run() -> None:
         from .fuse_ops import Operations, library_version, serve, splice_wanted
@@ -280,12 +295,12 @@ def mount(req: MountRequest) -> None:
         splice = splice_wanted(fuse, fuse_opts)  # reads answered by splicing the checkpoint's pages
         info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
                                 "libfuse": library_version(fuse), "threads": threads, "splice": splice,
-                                "options": {**options, **view_options}, "view": req.view, "ckptfs": __version__}
+                                "options": req.options, "view": req.view, "ckptfs": __version__}
         if remote:  # how it is read; of the storage options only their names (values may be credentials)
             info["remote"] = dataclasses.asdict(req.remote or RemoteOptions())
             info["storage_options"] = sorted(req.storage_options or {})
         view.add_info_file("mount.json", (json.dumps(info, indent=2) + "\n").encode())
-        ops = Operations(view, fuse, mountpoint=mnt)
+        ops = Operations(view, fuse, mountpoint=mnt, uid=opts.uid, gid=opts.gid, umask=opts.umask)
         ops.max_read = int(options.get("max_read", 0) or 0)
         if not foreground:
             ops.on_ready.append(_detach_stderr(logfile))
@@ -308,14 +323,14 @@ def mount(req: MountRequest) -> None:
     _daemonize(run, mnt)
 
 
-def _make_view(req: MountRequest, src: str, view_options: dict[str, Any]) -> tuple[Any, Any]:
+def _make_view(req: MountRequest, src: str, view_options: dict[str, Any], *, strict: bool) -> tuple[Any, Any]:
     """(mount source, catalog) of the view asked for."""
     verify = os.environ.get("CKPTFS_VERIFY_READS", "1") != "0"
     if req.view == "safetensors":
         from ..views.model_dir import open_model
         from ..views.safetensors_tree import SafetensorsTree
 
-        model = open_model(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+        model = open_model(src, strict=strict, storage_options=req.storage_options, remote=req.remote)
         try:
             return SafetensorsTree(model, verify_reads=verify), model.catalog
         except BaseException:
@@ -324,7 +339,7 @@ def _make_view(req: MountRequest, src: str, view_options: dict[str, Any]) -> tup
     from ..model.opener import open_catalog
     from ..views.tree import TreeView
 
-    catalog = open_catalog(src, strict=req.strict, storage_options=req.storage_options, remote=req.remote)
+    catalog = open_catalog(src, strict=strict, storage_options=req.storage_options, remote=req.remote)
     return TreeView(catalog, verify_reads=verify, npy=bool(view_options.get("npy"))), catalog
 
 

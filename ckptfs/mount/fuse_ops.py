@@ -161,11 +161,13 @@ class Operations:
     use_ns = True  # times in nanoseconds (mfusepy)
 
     def __init__(self, source: MountSource, fuse: Any, *, uid: int | None = None, gid: int | None = None,
-                 mountpoint: str | None = None, read_ahead_kb: int = READ_AHEAD_KB) -> None:
+                 umask: int = 0, mountpoint: str | None = None, read_ahead_kb: int = READ_AHEAD_KB) -> None:
         self.source = source
         self._fuse = fuse
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
+        # the permissions every file and directory shows (-o umask takes bits away; symlinks keep theirs)
+        self.modes = {t: m if t == LINK else m & ~umask for t, m in _MODES.items()}
         self.mtime = source.mtime_ns
         self.mountpoint = mountpoint
         self.read_ahead_kb = read_ahead_kb
@@ -202,7 +204,7 @@ class Operations:
         size = src.size(node)
         t = self.mtime
         return {
-            "st_mode": _MODES[src.node_type(node)], "st_ino": src.inode(node), "st_nlink": src.nlink(node),
+            "st_mode": self.modes[src.node_type(node)], "st_ino": src.inode(node), "st_nlink": src.nlink(node),
             "st_size": size, "st_uid": self.uid, "st_gid": self.gid, "st_atime": t, "st_mtime": t, "st_ctime": t,
             "st_blocks": (size + 511) // 512, "st_blksize": BLKSIZE,
         }
@@ -296,7 +298,7 @@ class Operations:
         (READDIRPLUS) every attribute, so that ``ls -l`` needs no LOOKUP per entry."""
         if plus:
             return self.attrs(node)
-        return {"st_mode": _MODES[self.source.node_type(node)], "st_ino": self.source.inode(node)}
+        return {"st_mode": self.modes[self.source.node_type(node)], "st_ino": self.source.inode(node)}
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         """All entries at once (libfuse2 / fusepy: they buffer the listing themselves)."""
