@@ -143,7 +143,8 @@ class Checkpoint:
 
     # --- metadata --------------------------------------------------------------------------------------
     def meta(self, key: Key) -> Meta:
-        return self.catalog.meta(self.row(key))
+        catalog = self.catalog
+        return catalog.meta(catalog.row(key))
 
     def info(self) -> dict[str, Any]:
         """Format facts and totals (what ``ckptfs info`` prints)."""

@@ -27,6 +27,8 @@ class ObjectGraph:
     root: list[object]
     record: str
     unknown_globals: dict[str, int] = field(default_factory=dict)
+    #: instead of ``root``: what ``object_graph(digest=...)``'s digest made of the graph where it was unpickled
+    digest: bytes | None = None
 
     def take(self) -> object:
         return self.root.pop()
@@ -53,8 +55,12 @@ class Container(Protocol):
         """Format facts for `ckptfs info` (root, records, versions ...); may be gathered on first use."""
         ...
 
-    def object_graph(self, strict: bool) -> ObjectGraph:
-        """The root object, as inert data (raises a CkptfsError naming the record on failure)."""
+    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+        """The root object, as inert data (raises a CkptfsError naming the record on failure).
+
+        ``digest`` (optional to honour): a function of the root object run where the pickle is unpickled (the
+        probe's child); when it returns bytes, the graph comes back as those bytes (``ObjectGraph.digest``)
+        instead of objects."""
         ...
 
     def pickles(self) -> Sequence[bytes]:

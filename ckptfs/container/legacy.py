@@ -22,7 +22,7 @@ byte ranges of the file, served by pread like stored zip records.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits
@@ -131,10 +131,11 @@ class LegacyStream:
         return stream.tell(), info
 
     # --- the object pickle -----------------------------------------------------------------------------
-    def object_graph(self, strict: bool) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
         """The object pickle, read as a stream (its end is found by unpickling it: see the module doc)."""
         self._main = _stream(self.source, self.main_start, self.limits.max_pickle_bytes, "the legacy object pickle")
-        obj, up = unpickle(self._main, strict=strict, limits=self.limits, file=self.source.name, record="pickle")
+        # (no digest: the stream's storages are located from the graph's references, bind())
+        obj, up, _ = unpickle(self._main, strict=strict, limits=self.limits, file=self.source.name, record="pickle")
         graph = ObjectGraph([obj], "pickle", dict(up.unknown_globals))
         del obj, up
         return graph

@@ -16,7 +16,7 @@ container.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..dtypes import DTYPES, DType
 from ..errors import FormatError, LimitError, TensorError
@@ -190,7 +190,8 @@ class SafetensorsFile:
                              "data: truncated)")
 
     # --- the object graph ---------------------------------------------------------------------------
-    def object_graph(self, strict: bool) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+        # (``digest`` is for pickles unpickled in the probe's child: there is none here)
         root = {name: self._node(e) for name, e in self.entries.items()}
         return ObjectGraph([root], "header")
 

@@ -23,7 +23,7 @@ CODE_DIR = "code/"
 
 def is_torchscript(z: TorchZip) -> bool:
     arch = z.archive
-    return arch.has("constants.pkl") or any(n.startswith(CODE_DIR) for n in arch.names())
+    return arch.has("constants.pkl") or arch.has_prefix(CODE_DIR)
 
 
 class TorchScriptZip(TorchZip):

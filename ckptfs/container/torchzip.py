@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import FormatError, TensorError, UnsupportedError
+from ..errors import FormatError, LimitError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import StorageRef
 from ..pickle.unpickler import unpickle
@@ -84,19 +84,22 @@ class TorchZip:
         try:
             rec.check_servable()
             return rec.read_all(self.limits.max_pickle_bytes)
+        except LimitError as e:
+            raise LimitError(f"{e.reason} (--limit max_pickle_bytes=N raises it)", file=e.file, record=e.record) from None
         except FormatError:
             raise
         except TensorError as e:
             raise self._fail(e.reason, record=self.archive.root + rec.name) from None
 
-    def object_graph(self, strict: bool, key_prefix: str | None = None) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None,
+                     key_prefix: str | None = None) -> ObjectGraph:
         """``key_prefix`` goes before every storage key of the graph (several archives indexed as one)."""
         record = self.archive.root + self.pickle_record.name
         data = self._pickle if self._pickle is not None else self.pickle_bytes()
         self._pickle = None  # (read in advance by pickles(): not kept once unpickled)
-        obj, up = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record,
-                           key_prefix=key_prefix)
-        graph = ObjectGraph([obj], record, dict(up.unknown_globals))
+        obj, up, summary = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record,
+                                    key_prefix=key_prefix, digest=digest)
+        graph = ObjectGraph([obj], record, dict(up.unknown_globals), summary)
         del obj, up  # the unpickler's memo would keep every unpickled object alive
         return graph
 

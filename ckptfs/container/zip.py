@@ -352,6 +352,90 @@ class _Inflater:
             comp = d.unconsumed_tail
 
 
+class EntryNames:
+    """Entry names (below the archive root) -> entry numbers, compact for the names torch writes most:
+    ``data/<n>`` (one per storage). Those are recognised in bulk, with numpy over the names' bytes, and a
+    million of them cost 4 bytes each here instead of a dict entry and a string. ``len()`` counts distinct
+    names: fewer than entries means a duplicate."""
+
+    __slots__ = ("_other", "_data", "_data_count", "_count")
+
+    def __init__(self, names: list[str], text: str) -> None:
+        """``names``: the names in directory order; ``text``: the same names joined by NUL."""
+        numbers = _data_numbers(text, len(names))
+        is_data = numbers >= 0
+        keys = numbers[is_data]
+        rows = np.flatnonzero(is_data)
+        size = int(keys.max()) + 1 if keys.size else 0
+        if size > 4 * keys.size + 1024:  # sparse keys: not worth an array; ordinary names then
+            is_data[:] = False
+            keys, rows, size = keys[:0], rows[:0], 0
+        dense = np.full(size, -1, dtype=np.int32)
+        dense[keys] = rows
+        self._data = dense
+        self._data_count = int(np.count_nonzero(dense >= 0))
+        self._other = {names[i]: i for i in np.flatnonzero(~is_data).tolist()}
+        self._count = len(names)
+
+    @staticmethod
+    def _data_key(name: str) -> int:
+        x = name[5:]
+        if name.startswith("data/") and x.isascii() and x.isdigit() and (x[0] != "0" or x == "0") and len(x) < 10:
+            return int(x)
+        return -1
+
+    def get(self, name: str) -> int | None:
+        k = self._data_key(name)
+        if 0 <= k < len(self._data):
+            i = int(self._data[k])
+            if i >= 0:
+                return i
+        return self._other.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __len__(self) -> int:
+        return self._data_count + len(self._other)
+
+    def others(self) -> list[str]:
+        """The names that are not ``data/<n>`` (a few: data.pkl, version, code/ ...)."""
+        return list(self._other)
+
+    def names(self) -> list[str]:
+        """All names, in directory order."""
+        out: list[str] = [""] * self._count
+        for n, i in self._other.items():
+            out[i] = n
+        for k in np.flatnonzero(self._data >= 0).tolist():
+            out[int(self._data[k])] = f"data/{k}"
+        return out
+
+
+def _data_numbers(text: str, count: int) -> np.ndarray:
+    """For each of ``count`` NUL-separated names: n if the name is ``data/<n>`` with n a canonical decimal
+    under 10^9, else -1."""
+    b = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    sep = np.flatnonzero(b == 0)
+    starts = np.concatenate(([0], sep + 1)).astype(np.int64)
+    lens = np.concatenate((sep, [len(b)])) - starts
+    if len(starts) != count:
+        return np.full(count, -1, dtype=np.int64)
+    padded = np.concatenate((b, np.zeros(16, dtype=np.uint8)))
+    ndig = lens - 5
+    ok = (ndig >= 1) & (ndig <= 9)
+    for k, ch in enumerate(b"data/"):
+        ok &= padded[starts + k] == ch
+    ok &= ~((ndig > 1) & (padded[starts + 5] == ord("0")))  # no leading zeros
+    value = np.zeros(count, dtype=np.int64)
+    for k in range(9):
+        has = k < ndig
+        digit = padded[starts + 5 + k].astype(np.int64) - ord("0")
+        ok &= ~has | ((digit >= 0) & (digit <= 9))
+        value = np.where(has, value * 10 + digit, value)
+    return np.where(ok, value, -1)
+
+
 class ZipArchive:
     """The central directory of a zip archive, with records looked up by name under the archive root."""
 
@@ -431,7 +515,8 @@ class ZipArchive:
         if disk != 0 or cd_disk != 0 or n_here != n_total:
             raise self._fail("multi-disk (split) archives are not supported")
         if n_total > self.limits.max_records:
-            raise LimitError(f"{n_total} zip entries is over the limit of {self.limits.max_records}",
+            raise LimitError(f"{n_total} zip entries is over the limit of {self.limits.max_records} "
+                             "(--limit max_records=N raises it)",
                              file=self.source.name)
         if cd_offset + cd_size != cd_end_limit:
             if cd_offset + cd_size > cd_end_limit:
@@ -487,7 +572,8 @@ class ZipArchive:
         if text.count("\x00" + root) != count - 1:
             bad = next(n for n in names if not n.startswith(root))
             raise self._fail(f"entry is outside the archive root {root!r}", record=bad)
-        rows = dict(zip(text[rlen:].replace("\x00" + root, "\x00").split("\x00"), range(count), strict=False))
+        rel_text = text[rlen:].replace("\x00" + root, "\x00")
+        rows = EntryNames(rel_text.split("\x00"), rel_text)
         if len(rows) != count:
             seen: set[str] = set()
             dup = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
@@ -541,7 +627,7 @@ class ZipArchive:
         """Drop the raw directory (it would stay in memory for the life of the archive): a name's raw
         bytes are its UTF-8 encoding, except for the (rare) names that were not UTF-8, kept here."""
         exceptions: dict[int, bytes] = {}
-        if any(not n.isascii() for n in names):
+        if not "".join(names).isascii():  # one C pass over all names
             for i, n in enumerate(names):
                 raw = self._raw_name(i)
                 if raw != n.encode("utf-8", "surrogateescape"):
@@ -639,13 +725,17 @@ class ZipArchive:
         return int(self._size[i])
 
     def names(self) -> list[str]:
-        return list(self._rows)
+        return self._rows.names()
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Some entry's name starts with ``prefix`` (never one of the data/<n> names)."""
+        return any(n.startswith(prefix) for n in self._rows.others())
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def __iter__(self) -> Iterator[ZipRecord]:
-        return (self.get(n) for n in self._rows)  # type: ignore[misc]
+        return (self.get(n) for n in self._rows.names())  # type: ignore[misc]
 
     def methods(self) -> dict[int, int]:
         vals, counts = np.unique(self._method, return_counts=True)

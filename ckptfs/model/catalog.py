@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..container import Container, open_container
-from ..container.base import Attachment
+from ..container.base import Attachment, ObjectGraph
 from ..errors import CkptfsError, FormatError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import TensorNode
 from ..pickle.unpickler import gc_paused, probed_together
 from ..source import ByteSource, open_source
+from . import table
 from .convert import Converter
 from .index import COMPOSITE, LINK, TENSOR, Group, Index
 from .meta import Meta
@@ -73,6 +74,22 @@ class Conflict:
         return f"key {self.key!r} is in {self.first} and in {self.second}; the second is {self.renamed!r}"
 
 
+def _index_of(graph: ObjectGraph, container: Container, converter: Converter, limits: Limits) -> Index:
+    """The index of one file's graph: from the columns the unpickling child sent, or from the objects (in
+    bulk when they are a plain flat state_dict, row by row otherwise)."""
+    if graph.digest is not None:
+        found = table.decode(graph.digest)
+    else:
+        root = graph.take()
+        try:
+            found = table.tabulate(root)
+        except table.Declined:
+            return Index([root], limits=limits, converter=converter, owned=True)
+        del root
+    found.owner = container
+    return Index.from_table(found, limits=limits)
+
+
 class Catalog:
     """Members and the index of their merged key space."""
 
@@ -104,9 +121,9 @@ class Catalog:
             container = open_container(source, limits)
             member = Member("", source, container, Converter(limits, owner=container), {})
             with gc_paused():  # one pause for everything that builds the index (see gc_paused)
-                graph = container.object_graph(strict)
+                graph = container.object_graph(strict, digest=table.digest)
                 member.unknown_globals = graph.unknown_globals
-                index = Index([graph.take()], limits=limits, converter=member.converter, owned=True)
+                index = _index_of(graph, container, member.converter, limits)
                 del graph
                 container.bind(member.converter.refs)
         except CkptfsError as e:
@@ -215,8 +232,10 @@ class Catalog:
     def member_of(self, row: int) -> Member:
         """The file a row comes from (the only member for a one-file catalog, and for a merged root)."""
         owners = self.index.owners
-        m = owners[row] if owners is not None else 0
-        return self.members[max(m, 0)]
+        if owners is None:
+            return self.members[0]
+        m = owners[row]
+        return self.members[m if m > 0 else 0]
 
     def converter_of(self, row: int) -> Converter:
         """The converter of the file a row comes from (turns recorded calls in values into nodes)."""
@@ -268,6 +287,8 @@ class Catalog:
 
     def meta(self, row: int) -> Meta:
         """Metadata of a row (links not followed)."""
+        if self.index.owners is None:
+            return Meta(self.index, row, self.members[0].container.byteorder)
         return Meta(self.index, row, self.member_of(row).container.byteorder)
 
     # --- bytes -------------------------------------------------------------------------------------------

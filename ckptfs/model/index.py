@@ -12,8 +12,9 @@ use (:mod:`ckptfs.model.tensors`). :meth:`Index.merged` indexes several files' g
 from __future__ import annotations
 
 import sys
+from array import array
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 from ..errors import LimitError, brief
 from ..limits import DEFAULT_LIMITS, Limits, MemoryGuard
@@ -29,6 +30,7 @@ from ..pickle.nodes import (
     TensorNode,
 )
 from .convert import Converter, numpy_scalar_value, storage_as_tensor
+from .table import TensorTable
 
 TENSOR, LEAF, DICT, LIST, TUPLE, SET, OPAQUE, LINK = ("tensor", "leaf", "dict", "list", "tuple", "set",
                                                       "opaque", "link")
@@ -165,6 +167,65 @@ def classify(v: object, conv: Converter) -> tuple[str, object]:
     return LEAF, v  # dtype/device/layout markers, classes referenced as values, ...
 
 
+class _Pending:
+    """The node of a table row not looked at yet."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<pending>"
+
+
+PENDING = _Pending()
+
+
+class NodeColumn(list[object]):
+    """The nodes of an index built from a :class:`TensorTable`: a tensor row holds PENDING until it is read,
+    then the TensorNode made from the table (kept: the same node every time)."""
+
+    table: TensorTable
+
+    def __getitem__(self, i: Any) -> Any:
+        v = list.__getitem__(self, i)
+        if v is PENDING:
+            if i < 0:
+                i += len(self)
+            table = self.table
+            t = i - 1 if table.tensor_of is None else table.tensor_of[i - 1]
+            v = table.node(t)
+            list.__setitem__(self, i, v)
+        return v
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def shape(self, i: int) -> tuple[int, ...] | None:
+        """Row ``i``'s tensor shape (None for other rows), without making its node."""
+        v = list.__getitem__(self, i)
+        if v is PENDING:
+            table = self.table
+            t = i - 1 if table.tensor_of is None else table.tensor_of[i - 1]
+            return table.shapes[table.shape[t]]
+        return v.shape if type(v) is TensorNode else None
+
+    def dtype_name(self, i: int) -> str | None:
+        v = list.__getitem__(self, i)
+        if v is PENDING:
+            table = self.table
+            t = i - 1 if table.tensor_of is None else table.tensor_of[i - 1]
+            dtype = table.storage_dtype(table.storage[t])
+            return dtype.name if dtype is not None else "uint8"
+        return v.dtype.name if type(v) is TensorNode else None
+
+    def row_of(self, obj: object) -> int | None:
+        """The row holding ``obj`` itself, among the nodes made so far."""
+        for i, v in enumerate(list.__iter__(self)):
+            if v is obj:
+                return i
+        return None
+
+
 class Index:
     """The checkpoint tree as columns (one row per node; a container's children are consecutive rows).
 
@@ -208,6 +269,55 @@ class Index:
         self._build(group, [m[2] for m in members], list(members), False)
         return self
 
+    @classmethod
+    def from_table(cls, table: TensorTable, *, limits: Limits = DEFAULT_LIMITS) -> Index:
+        """The index of a flat state_dict given as columns (:mod:`ckptfs.model.table`): rows are made in bulk
+        and tensor nodes only when looked at."""
+        self = cls.__new__(cls)
+        self._init_columns(limits)
+        n = len(table.keys)
+        if n + 1 > limits.max_nodes:
+            raise LimitError(f"more than {limits.max_nodes} objects in the checkpoint (--limit max_nodes=N raises it)")
+        if table.n_tensors > limits.max_tensors:
+            raise LimitError(f"more than {limits.max_tensors} tensors in the checkpoint (--limit max_tensors=N raises it)")
+        if sum(map(len, table.keys)) > limits.max_key_bytes:
+            raise LimitError(f"dotted keys longer than {limits.max_key_bytes} bytes in all")
+        keys = [""]
+        keys += table.keys
+        by_key = dict(zip(keys, range(n + 1), strict=True))
+        names: list[object] = keys  # type: ignore[assignment]  # a flat dict's keys are its names (row 0's name is never read)
+        if len(by_key) != n + 1:  # the key "" is the root's: the entry is renamed as _build renames it
+            names = [None, *table.keys]
+            keys = list(keys)
+            row = keys.index("", 1)
+            by_key[""] = 0
+            keys[row] = _dedupe("", by_key, {})
+            by_key[keys[row]] = row
+        self.keys, self.names, self.by_key = keys, names, by_key
+        self.parents = [0] * (n + 1)
+        self.parents[0] = -1
+        if table.tensor_of is None:
+            self.kinds = [TENSOR] * (n + 1)
+        else:
+            self.kinds = [TENSOR if t >= 0 else LEAF for t in table.tensor_of]
+            self.kinds.insert(0, DICT)
+        self.kinds[0] = DICT
+        info: object = None
+        if table.ordered:
+            info = PickledOrderedDict()
+            info.state = table.root_state
+        nodes = NodeColumn([info])
+        nodes.extend([PENDING] * n)
+        for r, v in table.leaves.items():
+            nodes[r + 1] = v
+        nodes.table = table
+        self.nodes = nodes
+        if n:
+            self._spans[0] = (1, n)
+        self._order = range(n + 1)
+        self.n_tensors = table.n_tensors
+        return self
+
     def _init_columns(self, limits: Limits) -> None:
         self.limits = limits
         self.keys: list[str] = []
@@ -218,7 +328,7 @@ class Index:
         self.by_key: dict[str, int] = {}
         self._spans: dict[int, tuple[int, int]] = {}  # container row -> (first child row, count)
         self.n_tensors = 0
-        self._order: list[int] | None = None
+        self._order: Sequence[int] | None = None
         #: per row, the member it came from (merged indexes only)
         self.owners: list[int] | None = None
         #: merged indexes: (key, first member, member whose key was renamed, the new key)
@@ -259,7 +369,7 @@ class Index:
             first = len(keys)
             d1 = depth[i] + 1
             if first + n_items > max_nodes:
-                raise LimitError(f"more than {max_nodes} objects in the checkpoint")
+                raise LimitError(f"more than {max_nodes} objects in the checkpoint (--limit max_nodes=N raises it)")
             # dotted keys repeat their parent's key: a long key over many children (or nested, memo-shared
             # long keys) would cost far more memory than the pickle holds
             if key_bytes + len(prefix) * n_items > max_key_bytes:
@@ -281,7 +391,7 @@ class Index:
                 if kind == TENSOR:
                     n_tensors += 1
                     if n_tensors > max_tensors:
-                        raise LimitError(f"more than {max_tensors} tensors in the checkpoint")
+                        raise LimitError(f"more than {max_tensors} tensors in the checkpoint (--limit max_tensors=N raises it)")
                 elif kind in CONTAINERS:
                     oid = id(node)
                     target = seen_.get(oid)
@@ -421,10 +531,13 @@ class Index:
             i = self.nodes[i]  # type: ignore[assignment]
         return i
 
-    def order(self) -> list[int]:
+    def order(self) -> Sequence[int]:
         """All rows in depth-first pre-order: the order of the checkpoint itself."""
         if self._order is None:
-            out: list[int] = []
+            if len(self._spans) <= 1 and self._spans.get(0, (1, 0))[0] == 1:  # one container: rows in order
+                self._order = range(len(self.keys))
+                return self._order
+            out = array("l")
             stack = [0]
             spans = self._spans
             while stack:

@@ -20,7 +20,7 @@ from ..pickle.nodes import (
     TorchDType,
     TorchGlobal,
 )
-from .index import LEAF, LINK, TENSOR, Index
+from .index import LEAF, LINK, TENSOR, Index, NodeColumn
 from .tensors import STRIDED_KINDS, is_contiguous, nbytes
 
 #: Fields a tensor's sidecar always has (docs/layout.md).
@@ -80,12 +80,18 @@ class Meta:
     @property
     def dtype(self) -> str | None:
         """torch's dtype name: "float32", "bfloat16", ..."""
-        node = self._index.nodes[self._row]
+        nodes = self._index.nodes
+        if type(nodes) is NodeColumn:  # a table row not looked at yet: no node is made for this
+            return nodes.dtype_name(self._row)
+        node = nodes[self._row]
         return node.dtype.name if type(node) is TensorNode else None
 
     @property
     def shape(self) -> tuple[int, ...] | None:
-        node = self._index.nodes[self._row]
+        nodes = self._index.nodes
+        if type(nodes) is NodeColumn:
+            return nodes.shape(self._row)
+        node = nodes[self._row]
         return node.shape if type(node) is TensorNode else None
 
     @property

@@ -20,7 +20,7 @@ import pickletools
 import select
 import signal
 import time
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from ..errors import CkptfsError, LimitError, UnsafePickleError
 from ..limits import DEFAULT_LIMITS, Limits, memory_now
@@ -69,14 +69,22 @@ class SafeUnpickler(pickle.Unpickler):
 
     def load(self) -> object:
         """Unpickle the next pickle: first in a forked child (see :func:`probe`), then here."""
-        if self.limits.unpickle_probe:
-            known = _PROBED.get(id(self._data)) if self._data is not None else None
-            if known is not None and known[0] is self._data:  # probed with others (probed_together)
-                if known[1] is not None:
-                    raise type(known[1])(known[1].reason)
-            elif not _plainly_bounded(self):
-                probe(self, self._size_hint)
+        self.probe_first()
         return super().load()
+
+    def probe_first(self, digest: Callable[[object], bytes | None] | None = None) -> bytes | None:
+        """Probe the next pickle in a forked child unless it was probed already (:func:`probed_together`) or
+        is plainly bounded; raise what the probe found. Returns the bytes of ``digest`` run in the child."""
+        if not self.limits.unpickle_probe:
+            return None
+        known = _PROBED.get(id(self._data)) if self._data is not None else None
+        if known is not None and known[0] is self._data:  # probed with others (probed_together)
+            if known[1] is not None:
+                raise type(known[1])(known[1].reason)
+            return None
+        if _plainly_bounded(self):
+            return None
+        return probe(self, self._size_hint, digest)
 
     def find_class(self, module: str, name: str) -> object:
         module = MODULE_ALIASES.get(module, module)
@@ -98,9 +106,14 @@ class SafeUnpickler(pickle.Unpickler):
 def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
              file: str | None = None, record: str | None = None,
              allowlist: Mapping[tuple[str, str], object] = ALLOWED, refusal: str = STRICT_REFUSAL,
-             persistent_ids: bool = True, key_prefix: str | None = None) -> tuple[object, SafeUnpickler]:
+             persistent_ids: bool = True, key_prefix: str | None = None,
+             digest: Callable[[object], bytes | None] | None = None) -> tuple[object, SafeUnpickler, bytes | None]:
     """Unpickle ``data`` (bytes, or a stream that bounds its own size) safely; any failure becomes one
-    CkptfsError naming ``file`` and ``record``. The other options are :class:`SafeUnpickler`'s."""
+    CkptfsError naming ``file`` and ``record``. The other options are :class:`SafeUnpickler`'s.
+
+    ``digest``: run on the unpickled object where it is unpickled; when the probe's child unpickles it and
+    ``digest`` returns bytes, those come back (third item) and this process never builds the object at all
+    (the first item is then None)."""
     if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > limits.max_pickle_bytes:
         raise LimitError(f"pickle of {len(data)} bytes is over the limit of {limits.max_pickle_bytes} "
                          "(raise Limits.max_pickle_bytes to index it)", file=file, record=record)
@@ -108,7 +121,10 @@ def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: L
                        persistent_ids=persistent_ids, key_prefix=key_prefix)
     try:
         with gc_paused():
-            obj = up.load()
+            summary = up.probe_first(digest)
+            if summary is not None:
+                return None, up, summary
+            obj = pickle.Unpickler.load(up)
     except CkptfsError as e:
         raise e.at(file=file, record=record) from None
     except MemoryError:
@@ -118,7 +134,7 @@ def unpickle(data: bytes | io.BufferedIOBase, *, strict: bool = False, limits: L
     except Exception as e:  # the C unpickler raises many kinds on malformed input
         raise UnsafePickleError(f"malformed pickle ({type(e).__name__}: {_short(e)})", file=file,
                                 record=record) from None
-    return obj, up
+    return obj, up, None
 
 
 def _no_persistent_ids(pid: object) -> object:
@@ -144,7 +160,7 @@ def _prefixed(prefix: str) -> object:
 # forked child with a capped address space and a deadline; only if the child finishes does this process
 # unpickle it (the same bytes, the same work: bounded by what the child just did).
 
-_OK, _CKPTFS, _MEMORY, _OTHER = b"K", b"E", b"M", b"X"
+_OK, _CKPTFS, _MEMORY, _OTHER, _DIGEST = b"K", b"E", b"M", b"X", b"D"
 
 
 SMALL_PICKLE = 8192
@@ -183,18 +199,21 @@ def _plainly_bounded(up: SafeUnpickler) -> bool:
     return False
 
 
-def probe(up: SafeUnpickler, size_hint: int | None) -> None:
+def probe(up: SafeUnpickler, size_hint: int | None,
+          digest: Callable[[object], bytes | None] | None = None) -> bytes | None:
     """Run ``up``'s next load() in a forked child; raise the CkptfsError it would end in (a limit, a
     crash, a timeout), or return if it finishes (also when it fails in an ordinary way: the real load
-    then raises the same error)."""
+    then raises the same error). With ``digest``, the child also runs it on what it unpickled and sends
+    back the bytes it returns (returned here), or None when it returns None."""
     if not hasattr(os, "fork"):
-        return
+        return None
     limits = up.limits
     if size_hint is None:  # a stream (legacy format): how much it may still hold
         raw = getattr(up._stream, "raw", None)
         end, pos = getattr(raw, "end", None), getattr(raw, "pos", None)
         size_hint = end - pos if isinstance(end, int) and isinstance(pos, int) else limits.max_pickle_bytes
-    timeout = limits.max_unpickle_seconds + size_hint / (1 << 20)
+    # 1 s per MiB of pickle to unpickle it, as much again for the digest (it is linear in the same objects)
+    timeout = limits.max_unpickle_seconds + size_hint / (1 << 20) * (2 if digest is not None else 1)
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -204,7 +223,7 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
         raise LimitError(f"cannot fork the unpickling probe ({e.strerror}); Limits(unpickle_probe=False) "
                          "skips it for trusted files") from None
     if pid == 0:  # the child: never returns
-        _probe_child(up, r, w)
+        _probe_child(up, r, w, digest)
     os.close(w)
     msg = b""
     status = None
@@ -220,7 +239,7 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
             if poller.poll(left * 1000):  # poll, not select: a busy process's fds may be over FD_SETSIZE
                 break
         msg = _read_all(r)
-        if msg[:1] in (_OK, _OTHER, _CKPTFS, _MEMORY):
+        if msg[:1] in (_OK, _OTHER, _CKPTFS, _MEMORY, _DIGEST):
             _reap_later(pid)  # it answered: do not wait for it to tear down its memory
         else:
             status = _reap(pid)
@@ -234,8 +253,10 @@ def probe(up: SafeUnpickler, size_hint: int | None) -> None:
                 pass
             _reap(pid)
     kind, body = msg[:1], msg[1:]
+    if kind == _DIGEST:
+        return body
     if kind == _OK or kind == _OTHER:
-        return
+        return None
     if kind == _CKPTFS:
         name, _, reason = body.partition(b"\0")
         cls = {"LimitError": LimitError, "UnsafePickleError": UnsafePickleError}.get(name.decode(), CkptfsError)
@@ -419,37 +440,30 @@ def _quiet_and_capped(limits: Limits) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
-def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:
+def _probe_child(up: SafeUnpickler, r: int, w: int, digest: Callable[[object], bytes | None] | None) -> None:
     code = _OTHER
     try:
         os.close(r)
-        try:  # nothing the child's interpreter might print (unraisable errors) reaches the caller's terminal
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-        except OSError:
-            pass
-        now = memory_now()
-        if now is not None:
-            import resource
-
-            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            cap = now[0] + up.limits.max_memory
-            if hard != resource.RLIM_INFINITY:
-                cap = min(cap, hard)
-            if soft == resource.RLIM_INFINITY or cap < soft:
-                resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        _quiet_and_capped(up.limits)
         try:
             with gc_paused():
-                pickle.Unpickler.load(up)
-            code = _OK
+                obj = pickle.Unpickler.load(up)
+                summary = None
+                if digest is not None:
+                    try:
+                        summary = digest(obj)
+                    except MemoryError:  # no room for the digest: the parent unpickles as usual
+                        summary = None
+            code = _OK if summary is None else _DIGEST + summary
         except CkptfsError as e:
             code = _CKPTFS + type(e).__name__.encode() + b"\0" + e.reason.encode("utf-8", "backslashreplace")[:2000]
         except MemoryError:
             code = _MEMORY
         except BaseException:  # noqa: BLE001 - the parent's own load raises it again, precisely
             code = _OTHER
-        os.write(w, code)
+        view = memoryview(code)
+        while view:
+            view = view[os.write(w, view):]
     finally:
         os._exit(0)
 
@@ -457,7 +471,7 @@ def _probe_child(up: SafeUnpickler, r: int, w: int) -> None:
 def _read_all(fd: int) -> bytes:
     parts: list[bytes] = []
     while True:
-        chunk = os.read(fd, 4096)
+        chunk = os.read(fd, 1 << 20)
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)

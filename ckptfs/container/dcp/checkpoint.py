@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ...errors import CkptfsError, FormatError, LimitError, TensorError
 from ...limits import DEFAULT_LIMITS, Limits
@@ -174,7 +174,8 @@ class DcpCheckpoint:
         return None
 
     # --- the object graph ---------------------------------------------------------------------------
-    def object_graph(self, strict: bool) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+        # (``digest`` is for pickles unpickled in the probe's child: there is none here)
         datas = self._metadata or [None] * len(self.sources)  # type: ignore[list-item]
         self._metadata = None
         metas = []

@@ -180,7 +180,7 @@ def read_metadata(source: ByteSource, limits: Limits, data: bytes | None = None)
     UnsafePickleError / LimitError naming it)."""
     if data is None:
         data = read_bytes(source, limits)
-    obj, up = unpickle(data, strict=True, limits=limits, file=source.name, record=None, allowlist=ALLOWED,
+    obj, up, _ = unpickle(data, strict=True, limits=limits, file=source.name, record=None, allowlist=ALLOWED,
                        refusal=REFUSAL, persistent_ids=False)
     del up
     try:

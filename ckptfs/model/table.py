@@ -1,0 +1,342 @@
+"""A flat state_dict as columns: the fast, compact form of the commonest checkpoint.
+
+Most checkpoints are one dict (or OrderedDict) of string keys to plain ``_rebuild_tensor_v2`` calls. For
+those, the index does not need a Python object per tensor: a :class:`TensorTable` holds arrays (storage,
+offset, shape and stride ids, requires_grad) and the keys; a ``TensorNode`` is made only when a tensor is
+looked at (:class:`ckptfs.model.index.NodeColumn`).
+
+The table is made where the pickle is unpickled. With the unpickling probe (the default) that is the
+forked child: it unpickles, recognises the plain form, and sends the columns back (:func:`encode`), so this
+process never builds the pickle's object graph at all. Anything not plainly of that form — another root
+type, a key that is not a str, a value that is not a plain tensor or a simple value, tensor metadata, a
+storage referenced with two dtypes — is declined and indexed by the general path.
+
+Every tensor accepted here is exactly what :meth:`Converter.v2`'s fast path makes of it (tested on every
+fixture, and with arbitrary arguments).
+"""
+
+from __future__ import annotations
+
+import marshal
+from array import array
+from dataclasses import dataclass, field
+from itertools import chain, count, repeat
+from operator import is_, itemgetter
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..dtypes import UINT8, DType
+from ..pickle.allowlist import TENSOR_CALLS
+from ..pickle.nodes import PersistentId, PickledOrderedDict, StorageOwner, StorageRef, StorageType, TensorNode
+from .convert.common import MAX_DIMS
+
+V2_CALL = TENSOR_CALLS[("torch._utils", "_rebuild_tensor_v2")]
+FORMAT = 1
+#: Plain values a table row may hold besides tensors, and plain data of an OrderedDict's state.
+_LEAVES = (int, float, bool, str, bytes, type(None), complex)
+_MAX_STATE_DEPTH = 64
+
+
+class Declined(Exception):
+    """Not the plain form: index it the general way."""
+
+
+@dataclass
+class TensorTable:
+    """Rows of a flat dict: ``keys[i]``; tensor rows are those with ``tensor_of[i] >= 0``."""
+
+    keys: list[str]
+    ordered: bool  # the root was an OrderedDict
+    root_state: object  # its BUILD state (plain data), if any
+    leaves: dict[int, object]  # row -> value, for rows that are not tensors
+    tensor_of: array[int] | None  # row -> tensor number (None: every row is a tensor, row i is tensor i)
+    storage: array[int]  # tensor -> storage number
+    offset: array[int]
+    shape: array[int]  # tensor -> shape number
+    stride: array[int]
+    requires_grad: bytes
+    shapes: list[tuple[int, ...]]
+    st_keys: list[str] | array[int]  # storage keys; as ints when all are canonical decimal (torch's "0", "1", ...)
+    st_numel: array[int]
+    st_type: array[int]  # storage -> index in stypes
+    st_location: array[int]  # storage -> index in locations
+    stypes: list[str]  # StorageType qualnames
+    locations: list[str]
+    owner: StorageOwner | None = None
+    _types: list[StorageType] = field(default_factory=list)
+    _refs: dict[int, StorageRef] = field(default_factory=dict)
+
+    @property
+    def n_tensors(self) -> int:
+        return len(self.storage)
+
+    def storage_types(self) -> list[StorageType]:
+        """The storage classes by number (looked up once)."""
+        if not self._types:
+            from ..pickle.allowlist import ALLOWED
+
+            for q in self.stypes:
+                mod, _, name = q.rpartition(".")
+                st = ALLOWED[(mod, name)]
+                assert isinstance(st, StorageType)
+                self._types.append(st)
+        return self._types
+
+    def storage_dtype(self, s: int) -> DType | None:
+        return self.storage_types()[self.st_type[s]].dtype
+
+    def storage_ref(self, s: int) -> StorageRef:
+        """Storage ``s`` as a StorageRef, made once (tensors on one storage share it)."""
+        ref = self._refs.get(s)
+        if ref is None:
+            stype = self.storage_types()[self.st_type[s]]
+            key = self.st_keys[s]
+            ref = StorageRef(key if type(key) is str else str(key), stype.dtype, self.st_numel[s], self.locations[self.st_location[s]],
+                             stype.name, self.owner)
+            self._refs[s] = ref
+        return ref
+
+    def node(self, t: int) -> TensorNode:
+        """Tensor ``t`` as the node Converter.v2 makes of it."""
+        ref = self.storage_ref(self.storage[t])
+        shapes = self.shapes
+        return TensorNode("dense", ref, ref.dtype or UINT8, shapes[self.shape[t]], shapes[self.stride[t]],
+                          self.offset[t], self.requires_grad[t] == 1, None)
+
+
+# --- made in the unpickling child (or in process): the graph -> columns ----------------------------------------
+
+
+def digest(obj: object) -> bytes | None:
+    """The columns of a plain flat state_dict, encoded; None when ``obj`` is not of that form."""
+    try:
+        return encode(tabulate(obj))
+    except Declined:
+        return None
+
+
+def tabulate(obj: object) -> TensorTable:
+    """Recognise the plain form; raises Declined otherwise. Checks run a column at a time, and every value
+    is type-checked before anything hashes it (a hostile tuple is never hashed here)."""
+    t = type(obj)
+    if t is not dict and t is not PickledOrderedDict:
+        raise Declined("root")
+    d: dict[Any, Any] = obj  # type: ignore[assignment]
+    keys = list(d)
+    if not _types_are(keys, str):
+        raise Declined("keys")
+    values = list(d.values())
+    n = len(values)
+    is_tensor = [type(v) is V2_CALL for v in values]
+    leaves: dict[int, object] = {}
+    if not all(is_tensor):
+        for i in range(n):
+            if not is_tensor[i]:
+                v = values[i]
+                if type(v) not in _LEAVES:
+                    raise Declined("value")
+                leaves[i] = v
+        values = [values[i] for i in range(n) if is_tensor[i]]
+    args = [c.args for c in values]
+    del values
+    arities = set(map(len, args))
+    if not arities <= {6, 7}:
+        raise Declined("arguments")
+    if 7 in arities:
+        for a in args:
+            if len(a) == 7 and not (a[6] is None or type(a[6]) is dict and not a[6]):
+                raise Declined("metadata")
+    ids = list(map(_first, args))
+    if not _types_are(ids, PersistentId):
+        raise Declined("storage")
+    pargs = [p.args for p in ids]
+    if set(map(len, pargs)) != {1}:
+        raise Declined("storage")
+    pids = list(map(_first, pargs))
+    if not _types_are(pids, tuple) or set(map(len, pids)) != {5}:
+        raise Declined("storage")
+    tags, stypes, st_keys_all, locs, numels = (list(col) for col in zip(*pids, strict=True)) if pids else ([], [], [], [], [])
+    if not (_types_are(tags, str) and set(tags) <= {"storage"} and _types_are(stypes, StorageType)
+            and _types_are(st_keys_all, str) and _types_are(locs, str) and _types_are(numels, int)
+            and (not numels or min(numels) >= 0)):
+        raise Declined("storage")
+    offsets = list(map(_item1, args))
+    sizes = list(map(_item2, args))
+    strides = list(map(_item3, args))
+    if not (_types_are(offsets, int) and _types_are(sizes, tuple) and _types_are(strides, tuple)):
+        raise Declined("geometry")
+    ndims = list(map(len, sizes))
+    if ndims != list(map(len, strides)) or (ndims and max(ndims) > min(MAX_DIMS, 254)):
+        raise Declined("geometry")
+    if not (_types_are(chain.from_iterable(sizes), int) and _types_are(chain.from_iterable(strides), int)):
+        raise Declined("geometry")
+    # storages, numbered by first reference; a key referenced with another dtype or size is not plain
+    seen: dict[str, int] = {}
+    first_of = np.fromiter(map(seen.setdefault, st_keys_all, count()), dtype=np.int64, count=len(st_keys_all))
+    st_first = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))  # tensors, increasing
+    del seen
+    type_index = {st: i for i, st in enumerate(dict.fromkeys(stypes))}  # StorageTypes are a few singletons
+    location_index = {loc: i for i, loc in enumerate(dict.fromkeys(locs))}
+    dtypes = list(dict.fromkeys(st.dtype for st in type_index))
+    dtype_code = {st: dtypes.index(st.dtype) for st in type_index}
+    shape_ids = {s: i for i, s in enumerate(dict.fromkeys(chain(sizes, strides)))}
+    try:
+        numel = np.array(numels, dtype=np.int64)
+        codes = np.fromiter(map(dtype_code.__getitem__, stypes), dtype=np.int64, count=len(stypes))
+        if not (np.array_equal(numel[first_of], numel) and np.array_equal(codes[first_of], codes)):
+            raise Declined("storage twice")
+        if len(st_first) == len(first_of):  # every tensor on a storage of its own
+            storage = array("l", range(len(first_of)))
+        else:
+            dense = np.empty(len(first_of), dtype=np.int64)
+            dense[st_first] = np.arange(len(st_first))
+            storage = array("l", dense[first_of].tobytes())
+        firsts = st_first.tolist()
+        st_type = array("H", map(type_index.__getitem__, map(stypes.__getitem__, firsts)))
+        st_location = array("H", map(location_index.__getitem__, map(locs.__getitem__, firsts)))
+        st_numel = array("q", numel[st_first].tobytes())
+        offset = array("q", offsets)
+        shape = array("l", map(shape_ids.__getitem__, sizes))
+        stride = array("l", map(shape_ids.__getitem__, strides))
+        array("q", chain.from_iterable(shape_ids))  # every dimension fits an int64 (else: the general path)
+    except OverflowError:
+        raise Declined("too large") from None
+    root_state = None
+    if t is PickledOrderedDict:
+        root_state = _plain(d.state, 0)  # type: ignore[attr-defined]
+    return TensorTable(
+        keys=keys, ordered=t is PickledOrderedDict, root_state=root_state, leaves=leaves,
+        tensor_of=None if not leaves else array("l", _tensor_numbers(is_tensor)),
+        storage=storage, offset=offset, shape=shape, stride=stride,
+        requires_grad=bytes(map(is_, map(_item4, args), repeat(True))), shapes=list(shape_ids),
+        st_keys=list(map(st_keys_all.__getitem__, firsts)), st_numel=st_numel, st_type=st_type,
+        st_location=st_location, stypes=[st.qualname for st in type_index], locations=list(location_index))
+
+
+_first, _item1, _item2, _item3, _item4 = (itemgetter(k) for k in range(5))
+
+
+def _types_are(values: Iterable[object], kind: type) -> bool:
+    """Every value's type is exactly ``kind`` (no subclass)."""
+    return set(map(type, values)) <= {kind}
+
+
+def _dtype(stype: StorageType) -> object:
+    return stype.dtype
+
+
+def _tensor_numbers(is_tensor: list[bool]) -> list[int]:
+    out, k = [], 0
+    for flag in is_tensor:
+        out.append(k if flag else -1)
+        k += flag
+    return out
+
+
+def _plain(v: object, depth: int) -> object:
+    """Plain data (an OrderedDict's BUILD state: the module versions of ``_metadata``) as tagged tuples that
+    marshal can carry; anything else is declined."""
+    if depth > _MAX_STATE_DEPTH:
+        raise Declined("state depth")
+    t = type(v)
+    if t in _LEAVES:
+        return ("v", v)
+    if t is dict:
+        return ("d", [(_plain(k, depth + 1), _plain(x, depth + 1)) for k, x in v.items()])  # type: ignore[attr-defined]
+    if t is PickledOrderedDict:
+        return ("o", [(_plain(k, depth + 1), _plain(x, depth + 1)) for k, x in v.items()],  # type: ignore[attr-defined]
+                _plain(v.state, depth + 1))  # type: ignore[attr-defined]
+    if t is list or t is tuple:
+        return ("l" if t is list else "t", [_plain(x, depth + 1) for x in v])  # type: ignore[attr-defined]
+    raise Declined("state")
+
+
+def _unplain(v: Any) -> object:
+    tag = v[0]
+    if tag == "v":
+        return v[1]
+    if tag == "d":
+        return {_unplain(k): _unplain(x) for k, x in v[1]}
+    if tag == "o":
+        od = PickledOrderedDict()
+        for k, x in v[1]:
+            dict.__setitem__(od, _unplain(k), _unplain(x))
+        od.state = _unplain(v[2])
+        return od
+    items = [_unplain(x) for x in v[1]]
+    return items if tag == "l" else tuple(items)
+
+
+# --- the wire format between the child and this process -----------------------------------------------------
+
+
+def encode(t: TensorTable) -> bytes:
+    keys = "\x00".join(t.keys)
+    if keys.count("\x00") != max(len(t.keys) - 1, 0):
+        raise Declined("NUL in a key")
+    st_keys: str | bytes
+    if isinstance(t.st_keys, list) and all(_decimal(k) for k in t.st_keys):
+        st_keys = array("q", map(int, t.st_keys)).tobytes()
+    else:
+        st_keys = "\x00".join(map(str, t.st_keys))
+        if st_keys.count("\x00") != max(len(t.st_keys) - 1, 0):
+            raise Declined("NUL in a storage key")
+    dims = array("q", chain.from_iterable(t.shapes))
+    ndim = bytes(map(len, t.shapes))  # tabulate keeps dimensions under 255
+    return marshal.dumps({
+        "format": FORMAT, "n": len(t.keys), "keys": keys, "ordered": t.ordered,
+        "root_state": None if t.root_state is None else t.root_state,
+        "leaves": [(r, v) for r, v in t.leaves.items()],
+        "tensor_of": None if t.tensor_of is None else t.tensor_of.tobytes(),
+        "storage": t.storage.tobytes(), "offset": t.offset.tobytes(), "shape": t.shape.tobytes(),
+        "stride": t.stride.tobytes(), "requires_grad": t.requires_grad, "ndim": bytes(ndim), "dims": dims.tobytes(),
+        "st_keys": st_keys, "st_numel": t.st_numel.tobytes(), "st_type": t.st_type.tobytes(),
+        "st_location": t.st_location.tobytes(), "stypes": t.stypes, "locations": t.locations,
+    })
+
+
+def _decimal(key: str) -> bool:
+    """A storage key torch writes: a canonical decimal that int() and str() give back unchanged."""
+    return key.isascii() and key.isdigit() and (key[0] != "0" or key == "0") and len(key) < 19
+
+
+def _array(code: str, data: bytes) -> array[int]:
+    a = array(code)
+    a.frombytes(data)
+    return a
+
+
+def decode(blob: bytes) -> TensorTable:
+    """The table the child sent (made by :func:`encode` in this very program)."""
+    m = marshal.loads(blob)
+    if type(m) is not dict or m.get("format") != FORMAT:
+        raise ValueError("not a ckptfs table")
+    n = m["n"]
+    keys = m["keys"].split("\x00") if n else []
+    st_numel = _array("q", m["st_numel"])
+    raw_keys = m["st_keys"]
+    st_keys: list[str] | array[int]
+    if type(raw_keys) is bytes:
+        st_keys = _array("q", raw_keys)
+    else:
+        st_keys = raw_keys.split("\x00") if st_numel else []
+    ndim = m["ndim"]
+    dims = _array("q", m["dims"])
+    shapes = []
+    pos = 0
+    for k in ndim:
+        shapes.append(tuple(dims[pos : pos + k]))
+        pos += k
+    storage = _array("l", m["storage"])
+    if len(keys) != n or pos != len(dims) or len(st_numel) != len(st_keys):
+        raise ValueError("inconsistent ckptfs table")
+    state = m["root_state"]
+    return TensorTable(
+        keys=keys, ordered=m["ordered"], root_state=None if state is None else _unplain(state),
+        leaves={r: v for r, v in m["leaves"]},
+        tensor_of=None if m["tensor_of"] is None else _array("l", m["tensor_of"]),
+        storage=storage, offset=_array("q", m["offset"]), shape=_array("l", m["shape"]),
+        stride=_array("l", m["stride"]), requires_grad=m["requires_grad"], shapes=shapes, st_keys=st_keys,
+        st_numel=st_numel, st_type=_array("H", m["st_type"]),
+        st_location=_array("H", m["st_location"]), stypes=m["stypes"], locations=m["locations"])

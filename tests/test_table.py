@@ -1,0 +1,137 @@
+"""The columnar index of flat state_dicts (model/table.py): the same answers as the general path, with no
+Python object per tensor until one is looked at."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections import OrderedDict
+
+import pytest
+import torch
+from helpers import torch_bytes
+
+import ckptfs
+from ckptfs.container.zip import ZipArchive
+from ckptfs.errors import FormatError
+from ckptfs.model import table
+from ckptfs.model.index import PENDING, NodeColumn
+from ckptfs.source import BytesSource
+
+NO_PROBE = ckptfs.Limits(unpickle_probe=False)
+
+
+def _state_dicts() -> dict[str, object]:
+    w = torch.randn(6, 4)
+    base = torch.arange(24, dtype=torch.float64)
+    sd = OrderedDict([("fc.weight", w), ("fc.bias", torch.zeros(4, dtype=torch.bfloat16)),
+                      ("tied", w), ("view", base[2:10]), ("view2", base.view(4, 6)[1:, ::2]),
+                      ("t", w.t()), ("scalar", torch.tensor(3, dtype=torch.int64)), ("empty", torch.empty(0, 5)),
+                      ("bool", torch.tensor([True, False])), ("grad", torch.ones(2, requires_grad=True)),
+                      ("", torch.ones(1)), ("key.with..dots", torch.ones(3, dtype=torch.uint8))])
+    sd._metadata = OrderedDict([("", {"version": 1}), ("fc", {"version": 2})])  # type: ignore[attr-defined]
+    return {
+        "module_state": sd,
+        "plain_dict": {f"layer.{i}.w": torch.full((i + 1,), float(i)) for i in range(50)},
+        "with_values": {"w": torch.ones(2), "epoch": 3, "lr": 0.5, "name": "run", "flag": True, "none": None},
+    }
+
+
+def _general(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Force the general (object per tensor) path."""
+    def declined(obj: object) -> table.TensorTable:
+        raise table.Declined("forced")
+
+    monkeypatch.setattr(table, "tabulate", declined)
+    monkeypatch.setattr(table, "digest", lambda obj: None)
+
+
+@pytest.mark.parametrize("name", list(_state_dicts()))
+@pytest.mark.parametrize("limits", [ckptfs.Limits(), NO_PROBE], ids=["probe", "in-process"])
+def test_table_index_answers_as_the_general_path(tmp_path, monkeypatch, name, limits):
+    obj = _state_dicts()[name]
+    p = tmp_path / "m.pth"
+    torch.save(obj, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p, limits=limits) as fast:
+        assert type(fast.index.nodes) is NodeColumn  # the table path was taken
+        got = {k: fast.meta(k).to_dict() for k in fast.keys()}
+        order = list(fast.keys())
+        for k in fast.tensor_keys():
+            path = fast.meta(k).path
+            assert fast.read(k) == torch_bytes(ref[path[0]]), k
+        meta = ckptfs.load(p)._metadata
+    with monkeypatch.context() as m:
+        _general(m)
+        with ckptfs.open(p, limits=limits) as slow:
+            assert type(slow.index.nodes) is not NodeColumn
+            assert list(slow.keys()) == order
+            assert {k: slow.meta(k).to_dict() for k in slow.keys()} == got
+    assert meta == getattr(ref, "_metadata", None)
+
+
+def test_nodes_are_made_when_looked_at_and_kept(tmp_path):
+    p = tmp_path / "m.pth"
+    torch.save({f"w{i}": torch.ones(i + 1) for i in range(100)}, p)
+    with ckptfs.open(p) as ckpt:
+        nodes = ckpt.index.nodes
+        assert all(list.__getitem__(nodes, i) is PENDING for i in range(1, 101))
+        assert ckpt.meta("w7").shape == (8,) and ckpt.meta("w7").dtype == "float32"
+        assert list.__getitem__(nodes, ckpt.row("w7")) is PENDING  # shape and dtype need no node
+        first = nodes[ckpt.row("w7")]
+        assert nodes[ckpt.row("w7")] is first  # made once
+        assert ckpt.read("w9") == torch_bytes(torch.ones(10))
+
+
+def test_digest_round_trip_and_what_is_declined():
+    w = torch.ones(3)
+    buf = io.BytesIO()
+    torch.save({"a": w, "b": w[1:], "c": 7}, buf)
+    with zipfile.ZipFile(buf) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    from ckptfs.pickle.unpickler import unpickle
+
+    obj, _, _ = unpickle(data, limits=NO_PROBE)
+    t = table.tabulate(obj)
+    back = table.decode(table.encode(t))
+    assert [back.node(i).shape for i in range(2)] == [(3,), (2,)]
+    assert back.keys == ["a", "b", "c"] and back.leaves == {2: 7}
+    assert list(back.offset) == [0, 1] and list(back.storage) == [0, 0]
+    for bad in ({1: t}, [w], {"a": {"nested": 1}}, {"a": object()}):
+        with pytest.raises(table.Declined):
+            table.tabulate(bad)
+
+
+def test_tensor_metadata_and_two_dtypes_on_a_storage_take_the_general_path(tmp_path):
+    p = tmp_path / "conj.pth"
+    z = torch.randn(3, dtype=torch.complex64)
+    torch.save({"z": z.conj(), "w": torch.ones(2)}, p)
+    ref = torch.load(p, weights_only=True)
+    with ckptfs.open(p) as ckpt:
+        assert type(ckpt.index.nodes) is not NodeColumn
+        assert ckpt.meta("z").extra.get("conj") is True
+        assert torch.equal(ckpt.tensor("z"), ref["z"])
+
+
+def test_entry_names_lookup_and_duplicates():
+    def archive(names: list[str]) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for n in names:
+                z.writestr("arch/" + n, n.encode())
+        return buf.getvalue()
+
+    names = ["data.pkl"] + [f"data/{i}" for i in range(3000)] + ["data/007", "data/x", "version"]
+    arch = ZipArchive(BytesSource(archive(names), "a.zip"))
+    assert arch.names() == names and len(arch) == len(names)
+    for n in ("data/0", "data/2999", "data/007", "data/x", "version", "data.pkl"):
+        assert arch.get(n).data().pread(0, 100) == n.encode()
+    assert arch.get("data/7").data().pread(0, 100) == b"data/7"
+    assert arch.get("data/3000") is None and not arch.has("data/07")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate it is asked to write
+        dup = archive(["data.pkl", "data/1", "data/2", "data/1"])
+    with pytest.raises(FormatError, match="duplicate"):
+        ZipArchive(BytesSource(dup, "d.zip"))
