@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-APT_PACKAGES := fuse3 libfuse2 libfuse3-3 nginx-light openssl rclone attr
+APT_PACKAGES := fuse3 libfuse2 libfuse3-3 nginx-light openssl rclone attr systemd
 
 .PHONY: help setup system-deps venv test test-quick demo bench bench-quick fuzz lint clean
 
@@ -21,7 +21,8 @@ help:
 system-deps:
 	@if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libfuse3.so.3' || ! ldconfig -p | grep -q 'libfuse.so.2' \
 		|| ! { command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; } || ! command -v openssl >/dev/null 2>&1 \
-		|| ! command -v rclone >/dev/null 2>&1 || ! command -v getfattr >/dev/null 2>&1; then \
+		|| ! command -v rclone >/dev/null 2>&1 || ! command -v getfattr >/dev/null 2>&1 \
+		|| ! command -v systemd-analyze >/dev/null 2>&1; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi

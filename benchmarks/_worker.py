@@ -159,7 +159,8 @@ def op_index(spec: dict, mods: dict) -> dict:
     t0 = time.perf_counter()
     with maybe_profile(spec):
         if impl == "ckptfs":
-            c = mods["ckptfs"].open(path)
+            ck = mods["ckptfs"]
+            c = ck.open(path, limits=ck.Limits(**spec["limits"])) if spec.get("limits") else ck.open(path)
             rows = [(k, None) for k in c.tensor_keys()] if index_only else [(k, c.meta(k).shape) for k in c.keys()]
             keep = c
         elif impl in ("torch_mmap", "torch"):

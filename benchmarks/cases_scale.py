@@ -14,6 +14,10 @@ from .util import proc_status, warm_file
 # peers slower than this many tensors run cfg.slow_reps times, without a warm-up (minutes per run at 1M)
 SLOW_FROM = 100_000
 SLOW_PEERS = ("torch_mmap", "zipslicer")
+# ckptfs's default limits (docs/security.md) refuse files of more than 500k tensors / 1M zip records / a
+# 64 MiB pickle; the error names the --limit that raises each. Past that size the curve runs with them raised.
+BIG_LIMITS_FROM = 400_000
+BIG_LIMITS = {"max_tensors": 2_000_000, "max_records": 4_000_000, "max_pickle_bytes": 256 << 20}
 SCALE_IMPLS = [i for i in IMPLS if i[0] != "torch"]  # plain torch.load is torch mmap's curve plus the copy
 
 
@@ -34,6 +38,8 @@ def scale_curve(ctx: Context) -> CaseResult:
             row = Row(f"{label}, {n:,} tensors", series=impl)
             res.rows.append(row)
             spec = {"op": "index", "impl": impl, "path": st if impl == "safetensors" else pth}
+            if impl == "ckptfs" and n > BIG_LIMITS_FROM:  # past the default limits: raised as a user would
+                spec["limits"] = BIG_LIMITS
 
             def fn(s=spec) -> dict:
                 out = run_worker(ctx, s)
@@ -43,6 +49,8 @@ def scale_curve(ctx: Context) -> CaseResult:
             runs.append((row, fn, "seconds", cfg.slow_reps if slow else None))
             if slow and cfg.slow_reps < cfg.reps:
                 row.note = f"{cfg.slow_reps} run(s), no warm-up"
+            if "limits" in spec:
+                row.note = "--limit max_tensors=2M max_records=4M max_pickle_bytes=256M"
     # ckptfs at the largest size is the row the summary shows
     largest = [r for r in res.rows if r.series == "ckptfs"][-1]
     largest.is_ckptfs = True

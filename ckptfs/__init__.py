@@ -85,16 +85,18 @@ def export(src: str | os.PathLike[str] | ByteSource | Checkpoint, dst: str | os.
 
 def diff(a: str | os.PathLike[str] | ByteSource | Checkpoint, b: str | os.PathLike[str] | ByteSource | Checkpoint, *,
          atol: float = 0.0, rtol: float = 0.0, exact: bool = False, renames: bool = True,
-         strict: bool = False) -> tuple[list[DiffEntry], DiffSummary]:
+         tensors_only: bool = False, strict: bool = False) -> tuple[list[DiffEntry], DiffSummary]:
     """Compare two checkpoints key by key (what ``ckptfs diff`` prints): ``(entries, summary)``;
     ``summary.identical`` is the verdict. Entries of keys that are the same are included (status
-    "identical", "equal" or "close"). See :mod:`ckptfs.api.diff`."""
+    "identical", "equal" or "close"). ``tensors_only`` leaves values (epoch, lr ...) and links out of the
+    comparison. See :mod:`ckptfs.api.diff`."""
     from .api.diff import DiffOptions, diff_catalogs
 
     opened = [x if isinstance(x, Checkpoint) else Checkpoint(x, strict=strict) for x in (a, b)]
     try:
         return diff_catalogs(opened[0].catalog, opened[1].catalog,
-                             DiffOptions(atol=atol, rtol=rtol, exact=exact, renames=renames))
+                             DiffOptions(atol=atol, rtol=rtol, exact=exact, renames=renames,
+                                         tensors_only=tensors_only))
     finally:
         for given, ckpt in zip((a, b), opened, strict=True):
             if ckpt is not given:

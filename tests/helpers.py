@@ -529,3 +529,14 @@ def expected_stats(t: torch.Tensor) -> dict:
         out["mean"] = None
     out["std"] = float(fin.std()) if fin.numel() > 1 else None
     return out
+
+
+def dotted_tensors(obj: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of nested dicts by dotted key (as the safetensors view and export name them)."""
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out |= dotted_tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    return out

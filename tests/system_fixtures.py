@@ -1,5 +1,6 @@
 """Fixtures that change the machine for a test and always put it back: real users (useradd / userdel), the
-mount(8) helper in /sbin, ``ckptfs`` in /usr/local/bin, /etc/fuse.conf, /etc/fstab and /dev/fuse's mode.
+mount(8) helper in /sbin, ``ckptfs`` in /usr/local/bin, /etc/fuse.conf, /etc/fstab and /dev/fuse's mode (0666
+for users' mounts, or 0600 to see the error a closed /dev/fuse gives).
 
 They need root (or passwordless sudo); without it they skip, or fail when CKPTFS_CI is set. Every change
 is made under one lock file, held for a whole test module, so that several test runs on one machine never
@@ -32,10 +33,15 @@ ON_PATH = "/usr/local/bin/ckptfs"  # where mount.fuse3's /bin/sh finds `ckptfs` 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> None:
+    """Skip the test, or fail it in CI (CKPTFS_CI set): there, everything these tests need is installed
+    (.ci/run) and they must really run."""
     if os.environ.get("CKPTFS_CI"):
-        pytest.fail(f"CKPTFS_CI is set but this test cannot change the system: {reason}")
+        pytest.fail(f"CKPTFS_CI is set but this test cannot run here: {reason}")
     pytest.skip(reason)
+
+
+_unavailable = unavailable
 
 
 def privileged_prefix() -> list[str]:
@@ -274,6 +280,20 @@ def dev_fuse_for_users(system: System) -> Iterator[None]:
         yield
     finally:
         system.run("chmod", f"{mode:04o}", "/dev/fuse", check=False)
+
+
+@pytest.fixture
+def dev_fuse_closed(system: System) -> Iterator[None]:
+    """/dev/fuse open to root only (0600), as in containers and minimal VMs; its mode restored after, whatever
+    happens in the test."""
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    try:
+        system.run("chmod", "0600", "/dev/fuse")
+        yield
+    finally:
+        system.run("chmod", f"{mode:04o}", "/dev/fuse", check=False)
+        if stat.S_IMODE(os.stat("/dev/fuse").st_mode) != mode:
+            raise AssertionError(f"/dev/fuse's mode could not be put back to {mode:04o}")
 
 
 @pytest.fixture

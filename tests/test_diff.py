@@ -151,8 +151,63 @@ def test_nan_signed_zero_and_exact(tmp_path):
     assert run("diff", "--exact", str(a), str(b)).returncode == 1
     (e,), s = ckptfs.diff(a, c)
     assert e.status == "different" and e.nan_mismatch == 1 and e.n_different == 1 and e.max_abs is None
-    (e,), s = ckptfs.diff(a, a.with_name("a.pth"))  # NaN at the same place in both: identical
-    assert e.status == "identical"
+
+
+def nan_with_payload(dtype: torch.dtype) -> torch.Tensor:
+    """A quiet NaN whose bits are not torch's default NaN (another payload: other bytes, the same value)."""
+    if dtype == torch.float32:
+        t = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    else:
+        t = torch.tensor([0x7FC1], dtype=torch.int16).view(torch.bfloat16)
+    assert torch.isnan(t).all() and t.view(torch.uint8).tolist() != torch.tensor([math.nan], dtype=dtype).view(
+        torch.uint8).tolist()
+    return t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("chunk", [2 * 8, None], ids=["2-element-chunks", "default-chunks"])
+def test_nan_inf_and_signed_zero_differences_as_torch_counts_them(tmp_path, dtype, chunk):
+    """Two different files (no same-storage shortcut: every byte is read) whose values differ by NaN on one side,
+    NaN against another NaN payload, -0.0 against 0.0, an infinity against the other one and against a finite
+    value, and ordinary numbers: what differs, by how much and where, as torch computes it."""
+    nan, inf = math.nan, math.inf
+    va = torch.tensor([nan, nan, 1.0, -0.0, 0.0, inf, -inf, inf, 2.0, 0.0, 3.0, -4.0], dtype=dtype)
+    vb = torch.tensor([nan, 1.0, nan, 0.0, -0.0, inf, inf, 5.0, 2.0, 0.0, 3.5, -4.0], dtype=dtype)
+    va[9], vb[9] = math.nan, nan_with_payload(dtype)[0]  # NaN against another NaN payload: equal values
+    a, b = tmp_path / "a.pth", tmp_path / "b.pth"
+    torch.save({"x": va}, a)
+    torch.save({"x": vb}, b)
+    ra, rb = torch.load(a)["x"], torch.load(b)["x"]
+    assert ra.view(torch.uint8).tolist() != rb.view(torch.uint8).tolist()
+    with ckptfs.open(a) as ca, ckptfs.open(b) as cb:
+        from ckptfs.api.diff import DiffOptions, diff_catalogs
+
+        (e,), s = diff_catalogs(ca.catalog, cb.catalog, DiffOptions(**({"chunk_bytes": chunk} if chunk else {})))
+    x, y = torch_values(ra), torch_values(rb)
+    nan_a, nan_b = torch.isnan(x), torch.isnan(y)
+    differ = (x != y) & ~(nan_a & nan_b)  # torch: -0.0 == 0.0, NaN != NaN (but NaN at the same place is equal)
+    numeric = differ & ~nan_a & ~nan_b
+    d = torch.where(numeric, (x - y).abs(), torch.zeros((), dtype=torch.float64))
+    rel = torch.where(numeric, d / y.abs(), torch.zeros((), dtype=torch.float64))
+    rel = torch.where(torch.isnan(rel), torch.tensor(inf, dtype=torch.float64), rel)  # inf/inf: -inf vs inf
+    one_nan = (nan_a ^ nan_b).nonzero().reshape(-1).tolist()
+    assert (e.status, e.n_different) == ("different", int(differ.sum())) == ("different", 5)
+    assert (e.max_abs, e.at) == (float(d.max()), [int(d.argmax())]) == (inf, [6])
+    assert e.max_rel == float(rel.max()) == inf
+    assert (e.nan_mismatch, e.nan_at) == (len(one_nan), one_nan[:1]) == (2, [1])
+    assert not s.identical and s.bytes_compared == 2 * ra.numel() * ra.element_size()
+    # without the infinities, the largest relative difference is the finite one torch computes (|3 - 3.5| / 3.5)
+    finite_b = vb.clone()
+    finite_b[6], finite_b[7] = -inf, inf
+    torch.save({"x": finite_b}, b)
+    (e,), _ = ckptfs.diff(a, b)
+    y = torch_values(torch.load(b)["x"])
+    numeric = (x != y) & ~torch.isnan(x) & ~torch.isnan(y)
+    want = torch.where(numeric, (x - y).abs() / y.abs(), torch.zeros((), dtype=torch.float64))
+    assert (e.n_different, e.max_abs, e.at) == (3, float((x[10] - y[10]).abs()), [10])
+    assert e.max_rel == float(want.max()) and e.nan_mismatch == 2
+    r = run("diff", str(a), str(b))
+    assert r.returncode == 1 and "NaN on one side at 2 elements (first at [1])" in r.stdout, r.stdout
 
 
 def test_other_byte_order_is_equal_values(tmp_path):
@@ -358,3 +413,163 @@ def test_a_shared_remote_style_identity_is_not_taken_for_the_same_bytes(tmp_path
     same = Remote(a.read_bytes(), "http://one/m.pth")
     (e,), s = ckptfs.diff(same, Remote(a.read_bytes(), "http://one/m.pth"))  # the same object: not read
     assert e.how == "same storage" and s.bytes_compared == 0
+
+
+# --- directories with a file left out, exports, sharded and DCP directories ------------------------------------
+
+
+def runs_directory(d: Path, damaged: bool) -> Path:
+    """A directory of loose checkpoints (each a subtree), epoch_2.pt cut in half if ``damaged``."""
+    d.mkdir()
+    torch.save({"w": torch.ones(3), "epoch": 1}, d / "epoch_1.pt")
+    torch.save({"w": torch.ones(3) * 2, "epoch": 2}, d / "epoch_2.pt")
+    if damaged:
+        data = (d / "epoch_2.pt").read_bytes()
+        (d / "epoch_2.pt").write_bytes(data[: len(data) // 2])
+    return d
+
+
+def test_a_file_of_a_directory_left_out_is_trouble_not_a_difference(tmp_path):
+    """A member that cannot be opened is left out of its directory's tree (Catalog.problems): its keys are
+    unknown, so the comparison is incomplete: an error line naming it, and exit status 2 (not 'only in B' and 1;
+    with the same damaged file on both sides, not 'identical' and 0)."""
+    a, b = runs_directory(tmp_path / "a", damaged=True), runs_directory(tmp_path / "b", damaged=False)
+    r = run("diff", str(a), str(b))
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [ln for ln in r.stdout.splitlines() if ln.startswith("! ")]
+    assert len(errors) == 1 and errors[0].startswith("! epoch_2.pt "), r.stdout
+    assert f"cannot be opened, left out of {a}: " in errors[0] and "end-of-central-directory" in errors[0]
+    assert "trouble" in r.stderr and "1 error" in r.stderr
+    r = run("diff", "-q", str(a), str(b))
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "")
+    c = runs_directory(tmp_path / "c", damaged=True)  # the same damaged file on both sides
+    entries, s = ckptfs.diff(a, c)
+    assert not s.identical and s.errors == 2
+    assert sorted((e.key, e.left_out) for e in entries if e.status == "error") == [("epoch_2.pt", "a"),
+                                                                                    ("epoch_2.pt", "b")]
+    r = run("diff", "--json", str(a), str(c))
+    rows = [json.loads(ln) for ln in r.stdout.splitlines()]
+    assert r.returncode == 2 and [(x["key"], x["status"], x["left_out"]) for x in rows] == [
+        ("epoch_2.pt", "error", "a"), ("epoch_2.pt", "error", "b")]
+    assert all("end-of-central-directory" in x["error"] for x in rows)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A training checkpoint (tensors, a strided view, values) and its `ckptfs export` safetensors copy."""
+    d = tmp_path_factory.mktemp("export")
+    g = torch.Generator().manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+    sd = {"state_dict": {**model.state_dict(), "emb": torch.randn(10, 4, generator=g).to(torch.bfloat16),
+                         "t": torch.randn(6, 5, generator=g).t(), "steps": torch.arange(7)},
+          "epoch": 4, "lr": 0.01, "name": "run-3"}
+    src, dst = d / "train.ckpt", d / "train.safetensors"
+    torch.save(sd, src)
+    r = run("export", str(src), str(dst))
+    assert r.returncode == 0, r.stderr
+    return src, dst
+
+
+def test_a_checkpoint_against_its_exported_safetensors_copy(exported, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src, dst = exported
+    ref = {f"state_dict.{k}": v for k, v in torch.load(src)["state_dict"].items()}
+    r = run("diff", str(src), str(dst))  # the values went to __metadata__: keys only in A
+    assert r.returncode == 1
+    assert sorted((ln.split()[0], ln.split()[1]) for ln in r.stdout.splitlines()) == [
+        ("-", "epoch"), ("-", "lr"), ("-", "name")], r.stdout
+    r = run("diff", "--tensors-only", str(src), str(dst))
+    assert (r.returncode, r.stdout) == (0, ""), r.stdout + r.stderr
+    assert f"{len(ref)} identical" in r.stderr
+    with ckptfs.open(src) as ca, ckptfs.open(dst) as cb:
+        from ckptfs.api.diff import DiffOptions, diff_catalogs
+
+        entries, s = diff_catalogs(ca.catalog, cb.catalog, DiffOptions(tensors_only=True))
+    assert s.identical and {e.key: e.status for e in entries} == dict.fromkeys(ref, "identical")
+    # one element changed, written by safetensors' own writer
+    copy = {k: v.clone() for k, v in load_file(dst).items()}
+    assert copy.keys() == ref.keys()
+    copy["state_dict.0.weight"][2, 5] += 0.125
+    copy["state_dict.emb"][7, 1] = -copy["state_dict.emb"][7, 1] * 3
+    changed_file = tmp_path / "changed.safetensors"
+    save_file(copy, changed_file, metadata={"format": "pt"})
+    r = run("diff", "--tensors-only", "--json", str(src), str(changed_file))
+    rows = {x["key"]: x for x in map(json.loads, r.stdout.splitlines())}
+    assert r.returncode == 1 and sorted(rows) == ["state_dict.0.weight", "state_dict.emb"], r.stdout
+    for key, at in (("state_dict.0.weight", [2, 5]), ("state_dict.emb", [7, 1])):
+        want = expected_difference(ref[key], copy[key])
+        assert (rows[key]["status"], rows[key]["n_different"], rows[key]["at"]) == ("different", 1, at)
+        assert (rows[key]["max_abs"], rows[key]["max_rel"]) == (want["max_abs"], want["max_rel"]), (key, want)
+    assert "1 of 128 elements differ" in run("diff", "--tensors-only", str(src), str(changed_file)).stdout
+
+
+def test_a_sharded_hf_directory(hf_sharded, tmp_path):
+    """The safetensors shards against the .bin shards, against one torch.save file of the same state_dict, and
+    against a copy with one shard rewritten by safetensors with an element changed."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    st, bins = hf_sharded["safetensors"], hf_sharded["bin"]
+    ref: dict[str, torch.Tensor] = {}
+    for shard in sorted(bins.glob("*.bin")):
+        ref |= torch.load(shard)
+    single = tmp_path / "single.pth"
+    torch.save(ref, single)
+    for a, b in ((st, bins), (bins, single), (single, st)):
+        r = run("diff", str(a), str(b))
+        assert (r.returncode, r.stdout) == (0, ""), (a, b, r.stdout + r.stderr)
+        assert f"{len(ref)} identical" in r.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(st, copy)
+    key = "model.layers.1.mlp.up_proj.weight"
+    shard = next(p for p in sorted(copy.glob("*.safetensors")) if key in load_file(p))
+    tensors = {k: v.clone() for k, v in load_file(shard).items()}
+    tensors[key][30, 2] += 1.5
+    save_file(tensors, shard, metadata={"format": "pt"})
+    entries, s = ckptfs.diff(bins, copy)
+    bad = [e for e in entries if e.status != "identical"]
+    want = expected_difference(ref[key], tensors[key])
+    assert [(e.key, e.status, e.n_different, e.at) for e in bad] == [(key, "different", 1, [30, 2])]
+    assert (bad[0].max_abs, bad[0].max_rel) == (want["max_abs"], want["max_rel"])
+    assert run("diff", "-q", str(st), str(copy)).returncode == 1
+
+
+def flat(obj: object, path: tuple = ()) -> dict[tuple, object]:
+    """{path: leaf} of a nested state_dict (dicts and lists); ckptfs's key is the path joined with dots."""
+    if isinstance(obj, dict):
+        return {k: v for key, x in obj.items() for k, v in flat(x, (*path, key)).items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, x in enumerate(obj) for k, v in flat(x, (*path, i)).items()}
+    return {path: obj}
+
+
+@pytest.mark.parametrize("name", ["w1", "w4", "fsdp"])
+def test_a_dcp_directory_against_dcp_to_torch_save(dcp_checkpoints, tmp_path, name):
+    """A DCP checkpoint against torch's own conversion of it (dcp_to_torch_save): identical; then against that
+    file with one element of a sharded tensor changed: found, with torch's difference."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    ref_file = tmp_path / "ref.pt"
+    dcp_to_torch_save(dcp_checkpoints / name, ref_file)
+    r = run("diff", str(dcp_checkpoints / name), str(ref_file))
+    assert (r.returncode, r.stdout) == (0, ""), r.stdout + r.stderr
+    ref = torch.load(ref_file, weights_only=False)
+    tensors = {k: v for k, v in flat(ref).items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+               and v.numel() > 4}
+    path = sorted(tensors, key=str)[0]
+    key, t = ".".join(map(str, path)), tensors[path]
+    changed_t = t.clone()
+    changed_t.view(-1)[3] = float(t.view(-1)[3]) * -2 + 1
+    node = ref
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = changed_t
+    torch.save(ref, ref_file)
+    entries, s = ckptfs.diff(dcp_checkpoints / name, ref_file)
+    bad = [e for e in entries if e.status != "identical"]
+    want = expected_difference(t, changed_t)
+    assert [(e.key, e.status, e.n_different) for e in bad] == [(key, "different", 1)], bad
+    assert (bad[0].max_abs, bad[0].max_rel, bad[0].at) == (want["max_abs"], want["max_rel"],
+                                                           list(torch.unravel_index(torch.tensor(3), t.shape)))

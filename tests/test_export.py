@@ -10,6 +10,7 @@ import mmap
 import os
 import pty
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 import safetensors.torch as st
 import torch
 from craft import to_big_endian
-from helpers import CKPTFS, run_ckptfs, save, write_hf_bin_shards
+from helpers import CKPTFS, MODEL_FILES, dotted_tensors, run_ckptfs, save, write_hf_bin_shards
 from safetensors import safe_open
 
 import ckptfs
@@ -137,23 +138,23 @@ def test_overwrite_only_with_force_and_clear_errors(tmp_path):
     out = tmp_path / "a.safetensors"
     out.write_bytes(b"precious")
     r = run_ckptfs("export", str(p), str(out))
-    assert r.returncode == 1 and "exists; pass --force" in r.stderr and out.read_bytes() == b"precious"
+    assert r.returncode == 2 and "exists; pass --force" in r.stderr and out.read_bytes() == b"precious"
     export_ok(str(p), str(out), "--force")
     assert torch.equal(st.load_file(out)["w"], torch.ones(3))
     d = tmp_path / "dir"
     d.mkdir()
     (d / "keep.txt").write_text("x")
     r = run_ckptfs("export", str(p), str(d))
-    assert r.returncode == 1 and "exists" in r.stderr and (d / "keep.txt").exists()
+    assert r.returncode == 2 and "exists" in r.stderr and (d / "keep.txt").exists()
     export_ok(str(p), str(d), "--force")  # --force replaces the whole directory
     assert os.listdir(d) == ["model.safetensors"]
     r = run_ckptfs("export", str(p), str(tmp_path / "no" / "such" / "x.safetensors"))
-    assert r.returncode == 1 and "does not exist" in r.stderr
+    assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_ckptfs("export", str(tmp_path / "missing.pth"), str(tmp_path / "m.safetensors"))
-    assert r.returncode == 1 and "missing.pth" in r.stderr and not (tmp_path / "m.safetensors").exists()
+    assert r.returncode == 2 and "missing.pth" in r.stderr and not (tmp_path / "m.safetensors").exists()
     before = p.read_bytes()
     r = run_ckptfs("export", str(p), str(p), "--force")  # over its own source: refused, whatever --force says
-    assert r.returncode == 1 and "is the checkpoint being exported" in r.stderr and p.read_bytes() == before
+    assert r.returncode == 2 and "is the checkpoint being exported" in r.stderr and p.read_bytes() == before
     r = run_ckptfs("export", str(p), str(tmp_path / "x"), "--max-shard-size", "lots")
     assert r.returncode == 2 and "not a size" in r.stderr
     assert not [n for n in os.listdir(tmp_path) if ".ckptfs-" in n]  # no temporary file left anywhere
@@ -194,7 +195,7 @@ def test_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal 100 columns wide
     proc = subprocess.Popen([*CKPTFS, "export", str(p), str(tmp_path / "tty.safetensors")], stdout=subprocess.PIPE,
-                            stderr=slave)
+                            stderr=slave, env={**os.environ, "CKPTFS_PROGRESS_DELAY": "0"})  # a bar at once
     os.close(slave)
     out = b""
     while True:
@@ -211,7 +212,7 @@ def test_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
     assert proc.wait(timeout=60) == 0
     os.close(master)
     text = out.decode(errors="replace")
-    assert "100%" in text and "tty.safetensors" in text and "\r" in text  # tqdm's bar, redrawn in place
+    assert "%|" in text and "tty.safetensors" in text and "\r" in text  # tqdm's bar, redrawn in place, then erased
 
 
 # --- memory and interruption on a 4 GB checkpoint -------------------------------------------------------------------
@@ -320,20 +321,96 @@ def test_a_dcp_directory_exports_as_dcp_to_torch_save_gives_it(dcp_checkpoints, 
 
     src = dcp_checkpoints / "w4"
     dcp_to_torch_save(src, tmp_path / "ref.pt")
-    ref = torch.load(tmp_path / "ref.pt", weights_only=False)
-    want = {}
-
-    def walk(obj, prefix):
-        if isinstance(obj, torch.Tensor):
-            want[prefix] = obj
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{prefix}.{k}" if prefix else str(k))
-
-    walk(ref, "")
+    want = dotted_tensors(torch.load(tmp_path / "ref.pt", weights_only=False))
     assert want
     ckptfs.export(src, tmp_path / "out.safetensors")
     got = st.load_file(tmp_path / "out.safetensors")
     assert sorted(got) == sorted(want)
     for k, v in want.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+def test_hf_safetensors_shards(hf_sharded, tmp_path):
+    """A directory of safetensors shards (huggingface_hub's writer): --keep-shards writes the same shards
+    (names, tensors, index), the default re-shards by size (one model.safetensors here), a .safetensors
+    DST holds every tensor; the model files are copied along."""
+    d = hf_sharded["safetensors"]
+    original = json.loads((d / "model.safetensors.index.json").read_bytes())
+    shards = sorted(set(original["weight_map"].values()))
+    assert len(shards) > 2  # the premise
+    refs = {name: st.load_file(d / name) for name in shards}
+    everything = {k: t for ref in refs.values() for k, t in ref.items()}
+
+    kept = tmp_path / "kept"
+    export_ok(str(d), str(kept), "--keep-shards", "--verify")
+    assert sorted(os.listdir(kept)) == sorted(os.listdir(d))
+    assert json.loads((kept / "model.safetensors.index.json").read_bytes())["weight_map"] == original["weight_map"]
+    for name, ref in refs.items():
+        got = st.load_file(kept / name)
+        assert got.keys() == ref.keys(), name
+        for k, t in ref.items():
+            assert got[k].dtype == t.dtype and torch.equal(got[k], t), (name, k)
+    for name, data in MODEL_FILES.items():
+        assert (kept / name).read_bytes() == data, name
+
+    resharded = tmp_path / "resharded"
+    export_ok(str(d), str(resharded))
+    assert sorted(os.listdir(resharded)) == sorted([*MODEL_FILES, "model.safetensors"])
+    one = tmp_path / "one.safetensors"
+    export_ok(str(d), str(one))
+    for got in (st.load_file(resharded / "model.safetensors"), st.load_file(one)):
+        assert got.keys() == everything.keys()
+        for k, t in everything.items():
+            assert torch.equal(got[k], t), k
+
+
+def test_dcp_directory_with_config_json(dcp_checkpoints, tmp_path):
+    """A DCP directory exported to a directory: model.safetensors (the tensors dcp_to_torch_save gives) and
+    the directory's config.json."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src = tmp_path / "dcp"
+    shutil.copytree(dcp_checkpoints / "w4", src)
+    (src / "config.json").write_text('{"model_type": "test"}\n')
+    dcp_to_torch_save(dcp_checkpoints / "w4", tmp_path / "ref.pt")
+    want = dotted_tensors(torch.load(tmp_path / "ref.pt", weights_only=False))
+    assert want
+    out = tmp_path / "out"
+    export_ok(str(src), str(out), "--verify")
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert (out / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    got = st.load_file(out / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+def test_directory_of_unrelated_checkpoints(tmp_path):
+    """Two torch.save files (and a note) in one directory: one <name>.safetensors per file, keyed as that
+    file alone; the note copied; a .safetensors DST holds both under their names."""
+    d = tmp_path / "runs"
+    d.mkdir()
+    torch.manual_seed(5)
+    a = save(d / "epoch_1.pt", {"w": torch.randn(3, 4), "b": torch.randn(4, 3).t(), "epoch": 1})
+    b = save(d / "best.pth", {"model": {"w": torch.randn(2, 2)}, "step": 700})
+    (d / "notes.txt").write_text("two runs\n")
+    out = tmp_path / "out"
+    export_ok(str(d), str(out), "--verify")
+    assert sorted(os.listdir(out)) == ["best.safetensors", "epoch_1.safetensors", "notes.txt"]
+    assert (out / "notes.txt").read_bytes() == (d / "notes.txt").read_bytes()
+    for src, name, value_key in ((a, "epoch_1.safetensors", "epoch"), (b, "best.safetensors", "step")):
+        want = dotted_tensors(torch.load(src, weights_only=True))
+        got = st.load_file(out / name)
+        assert got.keys() == want.keys(), name
+        for k, t in want.items():
+            assert torch.equal(got[k], t.contiguous()), (name, k)
+        with safe_open(out / name, "pt") as f:
+            assert json.loads(f.metadata()[value_key]) == torch.load(src, weights_only=True)[value_key]
+    one = tmp_path / "all.safetensors"
+    export_ok(str(d), str(one))
+    got = st.load_file(one)
+    want = {f"epoch_1.{k}": t for k, t in dotted_tensors(torch.load(a, weights_only=True)).items()}
+    want |= {f"best.{k}": t for k, t in dotted_tensors(torch.load(b, weights_only=True)).items()}
+    assert got.keys() == want.keys()
+    for k, t in want.items():
+        assert torch.equal(got[k], t.contiguous()), k

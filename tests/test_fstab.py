@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import is_mounted, mount_entry, pid_alive, torch_bytes, wait_gone
+from system_fixtures import unavailable
 
 pytestmark = pytest.mark.mount
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
@@ -152,7 +153,7 @@ def test_the_docs_systemd_unit_verifies(system, ckpt, mount_helper):
     is not PID 1 here, so the unit cannot be started; systemd mounts it by running mount(8) as
     test_mount_t_and_umount does.)"""
     if not shutil.which("systemd-analyze") or not shutil.which("systemd-escape"):
-        pytest.skip("systemd-analyze is not installed (the systemd package)")
+        unavailable("systemd-analyze is not installed (Debian's systemd package: in APT_PACKAGES and .ci/run)")
     p, _ = ckpt
     mnt = new_dir(system, "unit")
     unit = systemd_unit_from_docs()

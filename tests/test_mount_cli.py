@@ -170,8 +170,11 @@ def test_mount_errors_are_one_line(ckpt, tmp_path, mount):
     empty.mkdir()
     line = one_line_error(run_ckptfs("mount", str(tmp_path / "missing.pth"), str(empty)))
     assert "missing.pth: No such file or directory" in line
-    line = one_line_error(run_ckptfs("mount", str(tmp_path), str(empty)))
-    assert "is a directory" in line
+    notes = tmp_path / "notes"  # a directory, but no checkpoint in it
+    notes.mkdir()
+    (notes / "readme.md").write_text("hi")
+    line = one_line_error(run_ckptfs("mount", str(notes), str(empty)))
+    assert "notes: no checkpoint in this directory" in line
     junk = tmp_path / "junk.pth"
     junk.write_bytes(b"not a checkpoint at all" * 10)
     assert "junk.pth" in one_line_error(run_ckptfs("mount", str(junk), str(empty)))

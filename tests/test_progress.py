@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -155,3 +156,44 @@ def test_mount_on_a_terminal(files, tmp_path):
         if is_mounted(mnt):
             subprocess.run([*CKPTFS, "umount", str(mnt)], capture_output=True, timeout=60)
     assert not is_mounted(mnt)
+
+
+@pytest.mark.parametrize("switch", ["on", "--no-progress", "-q", "CKPTFS_PROGRESS=0", "default delay"])
+def test_export_follows_the_same_rules(files, tmp_path, switch):
+    """export's bar is the shared one: shown on a terminal (once the delay has passed), erased when done, and
+    silenced by --no-progress, -q, CKPTFS_PROGRESS=0 and the default delay for a quick export."""
+    a, _ = files
+    small = tmp_path / "small.pth"
+    torch.save({"w": torch.ones(10)}, small)
+    src = small if switch == "default delay" else a
+    args = [*CKPTFS, "export", str(src), str(tmp_path / "out.safetensors")]
+    environ = env() if switch == "default delay" else env(**FAST)
+    if switch in ("--no-progress", "-q"):
+        args.append(switch)
+    elif switch.startswith("CKPTFS_PROGRESS="):
+        environ["CKPTFS_PROGRESS"] = "0"
+    code, out, tty = run_on_tty(args, environ)
+    assert code == 0, tty
+    assert out == "" and (tmp_path / "out.safetensors").exists()
+    if switch == "on":
+        assert "out.safetensors:" in tty and "%|" in tty and "\r" in bare(tty), tty
+        assert re.search(r"\r +\rckptfs: wrote ", tty), tty  # the bar erased before the summary
+    else:
+        assert "%|" not in tty and "\r" not in bare(tty), tty
+    assert ("ckptfs: wrote " in tty) == (switch != "-q"), tty
+    piped = subprocess.run([*args, "--force"], capture_output=True, text=True, env=environ, timeout=120)
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "%|" not in piped.stderr
+
+
+@pytest.mark.parametrize("command", [["ls"], ["info"], ["stats"], ["check"]])
+def test_no_progress_is_accepted_by_every_command_that_opens_a_checkpoint(files, command):
+    """docs/cli.md lists --no-progress among the common options: it silences the 'indexing ...' line."""
+    from ckptfs.cli import build_parser
+
+    for name in ("ls", "info", "code", "stats", "check", "diff", "export", "mount"):
+        extra = {"diff": ["b.pth"], "export": ["b.safetensors"], "mount": ["/mnt"]}.get(name, [])
+        assert build_parser().parse_args([name, "a.pth", *extra, "--no-progress"]).no_progress, name
+    a, _ = files
+    code, out, tty = run_on_tty([*CKPTFS, *command, str(a), "--no-progress"], env(**FAST))
+    assert code == 0, tty
+    assert "indexing" not in tty and "%|" not in tty and "\r" not in bare(tty), tty

@@ -50,3 +50,21 @@ def test_every_ckptfs_line_parses(monkeypatch):
         args, extra = parser.parse_known_args(argv[1:])
         assert not [x for x in extra if x.startswith("-")], (line, extra)
         assert callable(args.func), line
+
+
+def test_every_command_is_in_the_readme():
+    """Where the README lists the commands (the CLI bullet and "The command line"), every subcommand is there."""
+    from ckptfs.cli import COMMAND_NAMES, build_parser
+
+    build_parser()
+    text = README.read_text()
+    bullet = text.split("* **a CLI**:", 1)[1].split("\n\n", 1)[0]
+    synopsis = text.split("## The command line", 1)[1].split("```", 2)[1]
+    for name in COMMAND_NAMES:
+        assert f"`ckptfs {name}`" in bullet, name
+        assert f"ckptfs {name} " in synopsis, name
+
+
+def test_the_readme_says_where_the_command_is_after_make_setup():
+    text = README.read_text()
+    assert "make setup" in text and ".venv/bin/ckptfs" in text and ". .venv/bin/activate" in text

@@ -126,7 +126,7 @@ def test_legacy_stream_over_http(nginx, served):
 def test_https_verifies_certificates(nginx, served):
     url = nginx.url(NAME, https=True)
     r = run_ckptfs("ls", url)
-    assert r.returncode == 1 and "not trusted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 2 and "not trusted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     for opt in ("verify=false", f"verify={nginx.cert}"):
         r = run_ckptfs("ls", url, "--storage-option", opt)
         assert r.returncode == 0, r.stderr
@@ -144,7 +144,7 @@ def test_basic_auth_from_url_or_options(nginx, served):
         assert ckpt.read("tail") == torch_bytes(served.expected["tail"])
     bad = nginx.url(f"private/{NAME}", auth=(user, "wrong-Secret-123"))
     r = run_ckptfs("ls", bad)
-    assert r.returncode == 1 and "access denied (HTTP 401" in r.stderr, r.stderr
+    assert r.returncode == 2 and "access denied (HTTP 401" in r.stderr, r.stderr
     assert "wrong-Secret-123" not in r.stderr and nginx.url(f"private/{NAME}") in r.stderr
 
 
@@ -165,12 +165,12 @@ def test_http_and_https_proxies_from_the_environment(nginx, served, proxy):
     assert tunnel.tunnels and set(tunnel.tunnels) == {"ckptfs-proxied.invalid:443"}
     r = run_ckptfs("ls", f"http://ckptfs-proxied.invalid/{NAME}", "--timeout", "2",
                    env={**env, "http_proxy": f"http://127.0.0.1:{plain.port}", "no_proxy": ".invalid"})
-    assert r.returncode == 1 and "cannot resolve" in r.stderr, r.stderr  # no_proxy: straight to the host
+    assert r.returncode == 2 and "cannot resolve" in r.stderr, r.stderr  # no_proxy: straight to the host
 
 
 def test_a_server_without_byte_ranges_is_named(nginx, served):
     r = run_ckptfs("ls", nginx.url(f"norange/{NAME}"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "does not serve byte ranges" in r.stderr and nginx.url(f"norange/{NAME}") in r.stderr, r.stderr
 
 
@@ -186,13 +186,13 @@ def test_redirects_are_followed_once(nginx, served):
 
 def test_missing_object_is_one_line(nginx):
     r = run_ckptfs("info", nginx.url("no-such.pth"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip() == f"ckptfs: {nginx.url('no-such.pth')}: not found (HTTP 404 Not Found)"
 
 
 def test_unknown_storage_option_is_refused(served):
     r = run_ckptfs("ls", served.url, "--storage-option", "endpoint=x")
-    assert r.returncode == 1 and "unknown storage option for http(s) URLs: endpoint" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown storage option for http(s) URLs: endpoint" in r.stderr, r.stderr
 
 
 def _replace(path: Path, obj) -> None:

@@ -119,7 +119,7 @@ def test_credentials_never_show(mount, nginx, served, tmp_path):
     assert info.returncode == 0, info.stderr
     texts["info"] = info.stdout + info.stderr
     wrong = run_ckptfs("ls", nginx.url(f"private/{NAME}", auth=(nginx.USER, password + "x")))
-    assert wrong.returncode == 1
+    assert wrong.returncode == 2
     texts["error"] = wrong.stderr
     assert shown in texts["mount.json"] and shown in texts["info"] and shown in texts["mounts"]
     for where, text in texts.items():

@@ -41,7 +41,7 @@ def test_ls_with_the_aws_environment(s3obj):
 def test_without_credentials_the_error_says_so(s3obj, seaweed):
     env = {k: v for k, v in s3obj.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     r = run_ckptfs("ls", s3obj.url, "--timeout", "5", env=env)
-    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert s3obj.url in r.stderr and ("credentials" in r.stderr or "denied" in r.stderr), r.stderr
 
 

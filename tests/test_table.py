@@ -8,6 +8,8 @@ import zipfile
 from collections import OrderedDict
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 from helpers import torch_bytes
 
@@ -135,3 +137,26 @@ def test_entry_names_lookup_and_duplicates():
         dup = archive(["data.pkl", "data/1", "data/2", "data/1"])
     with pytest.raises(FormatError, match="duplicate"):
         ZipArchive(BytesSource(dup, "d.zip"))
+
+
+_plain_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(),
+                        st.binary(), st.complex_numbers(allow_nan=False))
+_plain = st.recursive(_plain_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+    st.dictionaries(st.one_of(st.text(), st.integers()), inner, max_size=4)), max_leaves=20)
+
+
+@given(_plain)
+def test_the_wire_format_gives_back_what_it_was_given(value):
+    out: list[bytes] = []
+    table._pack(value, out)
+    got = table._Unpacker(b"".join(out)).whole()
+    assert got == value and type(got) is type(value)
+
+
+@given(st.binary(max_size=64))
+def test_the_wire_format_refuses_junk_with_a_value_error(data):
+    try:
+        table._Unpacker(data).whole()
+    except ValueError:
+        pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import safetensors.torch as st
 import torch
 from craft import to_big_endian
-from helpers import ALL_DTYPES, make, run_ckptfs, save, views, write_hf_bin_shards
+from helpers import ALL_DTYPES, MODEL_FILES, dotted_tensors, make, run_ckptfs, save, views, write_hf_bin_shards
 from safetensors import safe_open
 
 pytestmark = pytest.mark.mount
@@ -186,6 +187,48 @@ def test_export_keep_shards_writes_the_view_s_files(hf_dir, mount, tmp_path):
         assert (out / rel).read_bytes() == (m / rel).read_bytes(), rel
 
 
+def test_hf_safetensors_shards_shown_as_they_are(hf_sharded, mount):
+    """A directory of safetensors shards (huggingface_hub's writer): the same shard names, each holding what
+    the source shard holds, the HF index, and the model files passed through."""
+    d = hf_sharded["safetensors"]
+    original = json.loads((d / "model.safetensors.index.json").read_bytes())
+    shards = sorted(set(original["weight_map"].values()))
+    assert len(shards) > 2  # the premise
+    m = mount(d, "--view", "safetensors")
+    assert set(os.listdir(m.path)) == set(os.listdir(d)) | {".ckptfs"}
+    for name in MODEL_FILES:
+        assert (m / name).read_bytes() == (d / name).read_bytes(), name
+    index = json.loads((m / "model.safetensors.index.json").read_bytes())
+    assert index["weight_map"] == original["weight_map"]
+    for name in shards:
+        ref = st.load_file(d / name)
+        with safe_open(m / name, "pt") as f:  # maps the whole virtual file
+            assert set(f.keys()) == set(ref)
+            for k, t in ref.items():
+                got = f.get_tensor(k)
+                assert got.dtype == t.dtype and torch.equal(got, t), (name, k)
+
+
+def test_dcp_directory_with_config_json(dcp_checkpoints, mount, tmp_path):
+    """A DCP directory carrying a config.json: model.safetensors (the tensors torch's dcp_to_torch_save
+    gives) and config.json byte-exact."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    src = tmp_path / "dcp"
+    shutil.copytree(dcp_checkpoints / "w4", src)
+    (src / "config.json").write_text('{"model_type": "test"}\n')
+    dcp_to_torch_save(dcp_checkpoints / "w4", tmp_path / "ref.pt")
+    want = dotted_tensors(torch.load(tmp_path / "ref.pt", weights_only=False))
+    assert want
+    m = mount(src, "--view", "safetensors")
+    assert sorted(os.listdir(m.path)) == [".ckptfs", "config.json", "model.safetensors"]
+    assert (m / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    got = st.load_file(m / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
 def test_view_errors_are_one_line(tmp_path, corpus):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -195,9 +238,11 @@ def test_view_errors_are_one_line(tmp_path, corpus):
     empty.mkdir()
     (empty / "config.json").write_text("{}")
     r = run_ckptfs("mount", "--view", "safetensors", str(empty), str(mnt))
-    assert r.returncode != 0 and "no PyTorch weights" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_ckptfs("mount", str(empty), str(mnt))  # the tree view of a directory: not a checkpoint file
-    assert r.returncode != 0 and "is a directory" in r.stderr
+    assert r.returncode != 0 and "no checkpoint in this directory" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_ckptfs("mount", str(empty), str(mnt))  # the tree view: the same directory reading (ckptfs.open)
+    assert r.returncode != 0 and "no checkpoint in this directory" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     assert not os.listdir(mnt)
 
 

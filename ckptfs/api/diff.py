@@ -17,7 +17,9 @@ Values are decoded by :mod:`ckptfs.model.numeric` (bf16, float8, complex32, quan
 computed in float64 / complex128 chunk by chunk: memory stays bounded whatever the tensors' sizes. A
 tensor whose dtype changed (float32 -> bfloat16) is reported as such, with the value differences too when
 the shapes match. Keys only in A and only in B whose dtype, shape and bytes match are reported as renamed.
-One tensor that cannot be read is an ``error`` entry; the rest are still compared.
+One tensor that cannot be read is an ``error`` entry; the rest are still compared. So is a file of a directory
+that could not be opened (``Catalog.problems``: a damaged member of a directory of checkpoints, a refused
+symlink): its keys are unknown, so the comparison is incomplete whatever the rest says.
 """
 
 from __future__ import annotations
@@ -71,12 +73,15 @@ class DiffOptions:
     a_prefix: str = ""  # compare only A's keys under this prefix, without it
     b_prefix: str = ""
     chunk_bytes: int = CHUNK_BYTES
+    tensors_only: bool = False  # compare tensors only: values (epoch, lr ...) and links are left out
 
 
 @dataclass
 class DiffEntry:
     """One key compared. ``status``: identical, equal, close, different, dtype, shape, kind, value,
-    only_a, only_b, renamed (``key`` is B's key, ``renamed_from`` A's), skipped or error."""
+    only_a, only_b, renamed (``key`` is B's key, ``renamed_from`` A's), skipped or error. An error with
+    ``left_out`` ("a" or "b") is a file of that side's directory that could not be opened: ``key`` is its path
+    in the directory, ``error`` why."""
 
     key: str
     status: str
@@ -98,6 +103,7 @@ class DiffEntry:
     value_b: str | None = None
     renamed_from: str | None = None
     error: str | None = None
+    left_out: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (fields that are set; non-finite floats as "inf"/"nan")."""
@@ -157,8 +163,8 @@ class Comparison:
         self.options = options
         self.progress = progress
         self.summary = DiffSummary(a.name, b.name, exact=options.exact)
-        self._keys_a = _selected(a, options.a_prefix, options.patterns)
-        self._keys_b = _selected(b, options.b_prefix, options.patterns)
+        self._keys_a = _selected(a, options.a_prefix, options.patterns, options.tensors_only)
+        self._keys_b = _selected(b, options.b_prefix, options.patterns, options.tensors_only)
         self._identities: dict[int, tuple[object, ...]] = {}
         self._elements = chunk_elements(options.chunk_bytes)
 
@@ -179,6 +185,11 @@ class Comparison:
         return total
 
     def __iter__(self) -> Iterator[DiffEntry]:
+        for side, cat in (("a", self.a), ("b", self.b)):
+            for name, err in cat.problems:  # files of a directory that could not be opened: keys unknown
+                left_out = DiffEntry(name, ERROR, error=err.reason, left_out=side)
+                self.summary.add(left_out)
+                yield left_out
         ka, kb = self._keys_a, self._keys_b
         for key, ra in ka.items():
             rb = kb.get(key)
@@ -506,6 +517,8 @@ class _ValueDiff:
             if diff[i] > 0 and (self.max_abs is None or m > self.max_abs):
                 self.max_abs, self.at = m, pos(i)
             rel = np.where(diff > 0, diff / mag_b, 0.0)  # x / 0 = inf where b is 0 and a is not
+            rel[np.isnan(rel)] = np.inf  # inf / inf: an infinity against another one (-inf vs inf) is infinitely
+            # different, and a NaN here would hide every other element's relative difference from max()
             r = float(rel.max()) if rel.size else 0.0
             if r > 0 and (self.max_rel is None or r > self.max_rel):
                 self.max_rel = r
@@ -593,13 +606,14 @@ def _strip(key: str, prefix: str) -> str | None:
     return key[len(prefix) + 1:] if key.startswith(prefix + ".") else None
 
 
-def _selected(cat: Catalog, prefix: str, patterns: Sequence[str]) -> dict[str, int]:
+def _selected(cat: Catalog, prefix: str, patterns: Sequence[str], tensors_only: bool = False) -> dict[str, int]:
     """{key (prefix removed): row} of the entries compared, in checkpoint order."""
     index = cat.index
     kinds, keys = index.kinds, index.keys
+    wanted = (TENSOR, COMPOSITE) if tensors_only else (TENSOR, LEAF, COMPOSITE, LINK)
     out: dict[str, int] = {}
     for row in index.order():
-        if kinds[row] not in (TENSOR, LEAF, COMPOSITE, LINK):
+        if kinds[row] not in wanted:
             continue
         key = _strip(keys[row], prefix.rstrip("."))
         if key is None or not key and prefix:

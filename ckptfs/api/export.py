@@ -42,7 +42,7 @@ from ..model.tensors import contiguous_strides
 from ..pickle.nodes import TensorNode
 from ..source import LocalFile
 from ..source.options import RemoteOptions
-from ..views.model_dir import ModelSource, open_model, open_passthrough
+from ..views.model_dir import ModelSource, member_files, open_model, open_passthrough
 from ..views.safetensors import (
     SafetensorsFile,
     TensorEntry,
@@ -122,8 +122,9 @@ def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
     """Write ``src`` as safetensors: one file when ``dst`` ends with ``.safetensors``, else a directory in
     HF's layout (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards of at most
     ``max_shard_size`` tensor bytes plus ``model.safetensors.index.json``; with ``keep_shards``, one shard
-    per file of a sharded source instead; a model directory's other files are copied along).
-    Raises CkptfsError (nothing is left at ``dst`` then)."""
+    per file of a sharded source instead; a directory of several unrelated checkpoints: one
+    ``<name>.safetensors`` per checkpoint file, whatever ``max_shard_size``; a model directory's other files
+    are copied along). Raises CkptfsError (nothing is left at ``dst`` then)."""
     t0 = time.perf_counter()
     dst = os.path.abspath(os.fspath(dst))
     single = dst.endswith(".safetensors") and not os.path.isdir(dst)
@@ -161,7 +162,11 @@ def _plan(model: ModelSource, dst: str, single: bool, max_shard_size: int,
     else:
         prefix = model.prefix if model.kind == "hf" else "model"
         variant = model.variant if model.kind == "hf" else None
-        if keep_shards and model.kind == "hf":
+        if model.kind == "members":  # a directory of several checkpoints: one file per checkpoint
+            files, omitted = member_files(model)
+            index = None
+            result.omitted.update(omitted)
+        elif keep_shards and model.kind == "hf":
             files, index, omitted = plan_members(model.catalog, prefix, variant)
             result.omitted.update(omitted)
         else:

@@ -28,8 +28,11 @@ def examples(*lines: str) -> dict[str, Any]:
 
 
 def add_progress_arg(sp: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (once: commands that take a checkpoint have it from :func:`add_checkpoint_args`)."""
+    if "--no-progress" in sp._option_string_actions:
+        return
     sp.add_argument("--no-progress", action="store_true",
-                    help="no progress bar (there is one only when stderr is a terminal)")
+                    help="no progress bar or 'indexing ...' line (shown only when stderr is a terminal)")
 
 
 def open_checkpoint(path: str, args: argparse.Namespace, *, limits: Any = None) -> Any:
@@ -52,6 +55,7 @@ def add_checkpoint_args(sp: argparse.ArgumentParser, limits: bool = False) -> No
     sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     if limits:
         sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
+    add_progress_arg(sp)  # opening a large or remote checkpoint shows an 'indexing ...' line on a terminal
     add_remote_args(sp)
 
 

@@ -40,6 +40,7 @@ def register(sub: Any) -> None:
                     "1 different, 2 trouble.",
         **examples("ckptfs diff before.pth after.pth                  # what training changed",
                    "ckptfs diff model.pth model.safetensors            # did the conversion keep every weight?",
+                   "ckptfs diff train.ckpt train.safetensors --tensors-only   # an export: epoch ... are not tensors",
                    "ckptfs diff a.pth b.pth --atol 1e-6 --rtol 1e-3    # small float differences count as equal",
                    "ckptfs diff a.pth b.pth 'encoder.*' --json         # JSON lines, one object per key",
                    "ckptfs diff train.ckpt model.pth --a-prefix state_dict   # A's keys under state_dict.",
@@ -55,6 +56,9 @@ def register(sub: Any) -> None:
     sp.add_argument("--rtol", type=float, default=0.0, metavar="X", help="relative tolerance (default 0)")
     sp.add_argument("--exact", action="store_true",
                     help="equal values stored as other bytes (-0.0 vs 0.0, NaN payloads, byte order) are a difference")
+    sp.add_argument("--tensors-only", action="store_true",
+                    help="compare tensors only: values that are not tensors (epoch, lr, config ...) are left out "
+                         "(a checkpoint against its `ckptfs export` safetensors copy)")
     sp.add_argument("--no-renames", action="store_true", help="do not pair keys only in A with keys only in B "
                     "holding the same bytes")
     sp.add_argument("--a-prefix", default="", metavar="PREFIX", help="compare A's keys under PREFIX, without it")
@@ -76,6 +80,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         raise CkptfsError("--atol and --rtol must not be negative")
     options = DiffOptions(atol=args.atol, rtol=args.rtol, exact=args.exact, renames=not args.no_renames,
                           patterns=tuple(args.pattern), a_prefix=args.a_prefix, b_prefix=args.b_prefix,
+                          tensors_only=args.tensors_only,
                           **({"chunk_bytes": args.chunk_size} if args.chunk_size else {}))
     color = sys.stdout.isatty() and not args.json
     names = (oneline(args.a), oneline(args.b))
@@ -156,6 +161,9 @@ def _line(e: Any, names: tuple[str, str], color: bool, exact: bool = False, widt
         mark, c, what, detail = "~", RED, f"{oneline(e.value_a or '')} -> {oneline(e.value_b or '')}", "value changed"
     elif st == "different":
         mark, c, what, detail = "~", RED, _describe(e.dtype_a, e.shape_a), _values(e)
+    elif st == "error" and e.left_out:  # a file of a directory that could not be opened: its keys are unknown
+        side = names[0] if e.left_out == "a" else names[1]
+        mark, c, what, detail = "!", RED, "file", f"cannot be opened, left out of {side}: {oneline(e.error or '')}"
     elif st == "error":
         mark, c, what, detail = "!", RED, _describe(e.dtype_a, e.shape_a), f"cannot compare: {oneline(e.error or '')}"
     elif st == "skipped":
@@ -180,7 +188,7 @@ def _summary(s: Any, names: tuple[str, str]) -> str:
               ("kind", "kind changed"), ("value", "values changed"), ("renamed", "renamed"),
               ("only_a", f"only in {names[0]}"), ("only_b", f"only in {names[1]}"),
               ("skipped", "not compared"), ("error", "errors")]
-    parts = [f"{c[k]:,} {label}" for k, label in labels if c[k]]
+    parts = [f"{c[k]:,} {label if c[k] != 1 or k != 'error' else 'error'}" for k, label in labels if c[k]]
     verdict = "identical" if s.identical else ("trouble" if s.errors else "different")
     return f"{names[0]} vs {names[1]}: {verdict}: " + (", ".join(parts) or "nothing to compare") + \
         f" ({human(s.bytes_compared)} compared)"

@@ -10,7 +10,18 @@ import sys
 from typing import Any
 
 from ..errors import oneline
-from .common import EXIT_OK, LIMIT_HELP, add_remote_args, human, json_text, limits_from, remote_from
+from .common import (
+    EXIT_OK,
+    LIMIT_HELP,
+    add_progress_arg,
+    add_remote_args,
+    examples,
+    human,
+    json_text,
+    limits_from,
+    remote_from,
+)
+from .progress import bar
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20,
@@ -31,12 +42,16 @@ def parse_size(text: str) -> int:
 
 def register(sub: Any) -> None:
     sp = sub.add_parser("export", help="write a checkpoint as safetensors (one file, or an HF sharded directory)",
-                        description="Write SRC (a checkpoint file, an HF model directory of .bin weights, a URL) "
+                        description="Write SRC (a checkpoint file; a directory: HF weights, DCP, several checkpoints; a URL) "
                                     "as safetensors: DST ending in .safetensors is one file, anything else a "
                                     "directory in the HF layout (model.safetensors or model-0000i-of-0000n shards "
                                     "plus model.safetensors.index.json; a model directory's other files are "
                                     "copied along). Streams tensor by tensor with bounded memory; writes to a "
-                                    "temporary name and renames when complete.")
+                                    "temporary name and renames when complete.",
+                        **examples("ckptfs export model.pth model.safetensors",
+                                   "ckptfs export ./llama-bin ./llama-st               # an HF directory of .bin",
+                                   "ckptfs export --max-shard-size 2GB model.pth out/  # HF shards + index",
+                                   "ckptfs export --verify s3://bucket/run/ckpt.pt ckpt.safetensors"))
     sp.add_argument("checkpoint", metavar="SRC")
     sp.add_argument("destination", metavar="DST")
     sp.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
@@ -48,6 +63,7 @@ def register(sub: Any) -> None:
     sp.add_argument("--verify", action="store_true",
                     help="read the written files back (from the disk, not the cache) and compare with SRC")
     sp.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
+    add_progress_arg(sp)
     sp.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     sp.add_argument("--strict", action="store_true", help="refuse classes outside ckptfs's allowlist")
     sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
@@ -57,21 +73,18 @@ def register(sub: Any) -> None:
 
 
 class _Bar:
-    """A tqdm progress bar on stderr (only made when stderr is a terminal)."""
+    """The export's progress (api.export.Progress) as the shared progress bar (cli/progress.py): on a terminal
+    only, after CKPTFS_PROGRESS_DELAY, not with --no-progress, -q or CKPTFS_PROGRESS=0; erased when done."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, disable: bool) -> None:
         self.label = label
+        self.disable = disable
+        self._cm: Any = None
         self.bar: Any = None
 
     def start(self, total: int) -> None:
-        from tqdm import tqdm
-
-        try:
-            sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
-        except OSError:
-            sized = False
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=self.label,
-                        file=sys.stderr, dynamic_ncols=sized, ncols=None if sized else 100, leave=True)
+        self._cm = bar(total, self.label, disable=self.disable)
+        self.bar = self._cm.__enter__()
 
     def update(self, n: int, what: str) -> None:
         if self.bar is not None:
@@ -79,10 +92,9 @@ class _Bar:
             self.bar.set_postfix_str(oneline(what)[-40:], refresh=False)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str("", refresh=False)
-            self.bar.close()
-            self.bar = None
+        cm, self._cm, self.bar = self._cm, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -94,13 +106,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     storage_options, remote = remote_from(args)
 
-    bar = _Bar(os.path.basename(args.destination.rstrip("/")) or args.destination) \
-        if not args.quiet and sys.stderr.isatty() else None
+    progress = _Bar(os.path.basename(args.destination.rstrip("/")) or args.destination,
+                    disable=args.quiet or args.no_progress)
     old = {s: signal.signal(s, _terminate) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         result = export(args.checkpoint, args.destination,
                         max_shard_size=args.max_shard_size or DEFAULT_MAX_SHARD, keep_shards=args.keep_shards,
-                        force=args.force, verify=args.verify, progress=bar, strict=args.strict,
+                        force=args.force, verify=args.verify, progress=progress, strict=args.strict,
                         limits=limits_from(args), storage_options=storage_options, remote=remote)
     finally:
         for s, h in old.items():

@@ -31,7 +31,7 @@ class NullBar:
     def update(self, n: float = 1) -> None:
         self.n += n  # type: ignore[assignment]
 
-    def set_postfix_str(self, s: str) -> None:
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         pass
 
     def close(self) -> None:

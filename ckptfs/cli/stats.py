@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import sys
 from typing import Any
 
@@ -56,6 +57,20 @@ def register(sub: Any) -> None:
     sp.set_defaults(func=cmd_stats)
 
 
+def _check_histogram_args(args: argparse.Namespace) -> None:
+    """--bins and --range: one-line errors for what numpy.histogram would refuse (or take silently)."""
+    if args.hist is None and (args.bins is not None or args.value_range is not None):
+        raise CkptfsError("--bins and --range shape the histogram of --hist KEY: give the key")
+    if args.bins is not None and args.bins < 1:
+        raise CkptfsError(f"--bins {args.bins}: a histogram needs at least 1 bin")
+    if args.value_range is not None:
+        lo, hi = args.value_range
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise CkptfsError(f"--range {lo:g} {hi:g}: LO and HI must be finite numbers")
+        if lo > hi:
+            raise CkptfsError(f"--range {lo:g} {hi:g}: LO must not be greater than HI")
+
+
 def _chunk(args: argparse.Namespace) -> dict[str, Any]:
     return {"chunk_bytes": args.chunk_size} if args.chunk_size else {}
 
@@ -66,6 +81,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     if args.png and not args.hist:
         raise CkptfsError("--png draws the histogram of --hist KEY: give the key")
+    _check_histogram_args(args)
     with open_checkpoint(args.checkpoint, args) as ckpt:
         if args.hist is not None:
             return _histogram(ckpt, args)
@@ -84,10 +100,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json_text(s.to_dict()))
                 results.append(s)
+        problems = list(ckpt.catalog.problems)  # files of a directory that could not be opened: not in the stats
     if not args.json:
         _table(results)
     _summary(results, args)
-    return EXIT_ERROR if any(s.error for s in results) else EXIT_OK
+    for name, e in problems:
+        print(f"ckptfs: left out {oneline(name)} (cannot be opened, no statistics): {oneline(e.reason)}",
+              file=sys.stderr)
+    return EXIT_ERROR if problems or any(s.error for s in results) else EXIT_OK
 
 
 def _table(results: list[Any]) -> None:
@@ -132,7 +152,9 @@ def _histogram(ckpt: Any, args: argparse.Namespace) -> int:
     try:
         row = ckpt.row(key)
     except KeyError:
-        raise CkptfsError(f"no key {key!r} (see `ckptfs ls {args.checkpoint}`)", file=ckpt.name) from None
+        left_out = [oneline(name) for name, _ in ckpt.catalog.problems]
+        also = f"; left out, cannot be opened: {', '.join(left_out)}" if left_out else ""
+        raise CkptfsError(f"no key {key!r} (see `ckptfs ls {args.checkpoint}`){also}", file=ckpt.name) from None
     if ckpt.index.kinds[row] != TENSOR:
         raise CkptfsError(f"is a {ckpt.index.kinds[row]}, not a tensor", file=ckpt.name, record=key)
     bins = args.bins or (100 if args.png else 20)

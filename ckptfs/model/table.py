@@ -17,7 +17,7 @@ fixture, and with arbitrary arguments).
 
 from __future__ import annotations
 
-import marshal
+import struct
 from array import array
 from dataclasses import dataclass, field
 from itertools import chain, count, repeat
@@ -236,7 +236,7 @@ def _tensor_numbers(is_tensor: list[bool]) -> list[int]:
 
 def _plain(v: object, depth: int) -> object:
     """Plain data (an OrderedDict's BUILD state: the module versions of ``_metadata``) as tagged tuples that
-    marshal can carry; anything else is declined."""
+    the wire format (:func:`_pack`) can carry; anything else is declined."""
     if depth > _MAX_STATE_DEPTH:
         raise Declined("state depth")
     t = type(v)
@@ -284,7 +284,8 @@ def encode(t: TensorTable) -> bytes:
             raise Declined("NUL in a storage key")
     dims = array("q", chain.from_iterable(t.shapes))
     ndim = bytes(map(len, t.shapes))  # tabulate keeps dimensions under 255
-    return marshal.dumps({
+    out: list[bytes] = []
+    _pack({
         "format": FORMAT, "n": len(t.keys), "keys": keys, "ordered": t.ordered,
         "root_state": None if t.root_state is None else t.root_state,
         "leaves": [(r, v) for r, v in t.leaves.items()],
@@ -293,7 +294,103 @@ def encode(t: TensorTable) -> bytes:
         "stride": t.stride.tobytes(), "requires_grad": t.requires_grad, "ndim": bytes(ndim), "dims": dims.tobytes(),
         "st_keys": st_keys, "st_numel": t.st_numel.tobytes(), "st_type": t.st_type.tobytes(),
         "st_location": t.st_location.tobytes(), "stypes": t.stypes, "locations": t.locations,
-    })
+    }, out)
+    return b"".join(out)
+
+
+# Plain values on the wire: a tag byte, then the value. Lengths and counts are 8-byte little-endian. Written
+# here (not marshal or pickle) so that reading what the child sent can only ever build these types.
+_LEN = struct.Struct("<Q")
+_FLOAT = struct.Struct("<d")
+_COMPLEX = struct.Struct("<dd")
+
+
+def _pack(v: object, out: list[bytes]) -> None:
+    t = type(v)
+    if v is None:
+        out.append(b"N")
+    elif t is bool:
+        out.append(b"T" if v else b"F")
+    elif t is int:
+        digits = str(v).encode()
+        out += (b"i", _LEN.pack(len(digits)), digits)
+    elif t is float:
+        out += (b"f", _FLOAT.pack(v))
+    elif t is complex:
+        out += (b"c", _COMPLEX.pack(v.real, v.imag))  # type: ignore[attr-defined]
+    elif t is str:
+        data = v.encode("utf-8", "surrogatepass")  # type: ignore[attr-defined]
+        out += (b"s", _LEN.pack(len(data)), data)
+    elif t is bytes:
+        out += (b"b", _LEN.pack(len(v)), v)  # type: ignore[arg-type]
+    elif t is list or t is tuple:
+        out += (b"l" if t is list else b"t", _LEN.pack(len(v)))  # type: ignore[arg-type]
+        for x in v:  # type: ignore[attr-defined]
+            _pack(x, out)
+    elif t is dict:
+        out += (b"d", _LEN.pack(len(v)))  # type: ignore[arg-type]
+        for k, x in v.items():  # type: ignore[attr-defined]
+            _pack(k, out)
+            _pack(x, out)
+    else:
+        raise Declined(f"a {t.__name__} on the wire")
+
+
+class _Unpacker:
+    """Reads what :func:`_pack` wrote; anything else is a ValueError."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def whole(self) -> Any:
+        try:
+            v = self.value(0)
+        except (TypeError, struct.error) as e:  # an unhashable dict key; a short number
+            raise ValueError(f"malformed ckptfs table: {e}") from None
+        if self.pos != len(self.data):
+            raise ValueError("trailing bytes after a ckptfs table")
+        return v
+
+    def _take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.data):
+            raise ValueError("truncated ckptfs table")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def _len(self) -> int:
+        return int(_LEN.unpack(self._take(8))[0])
+
+    def value(self, depth: int) -> Any:
+        if depth > _MAX_STATE_DEPTH + 8:
+            raise ValueError("ckptfs table nested too deep")
+        tag = bytes(self._take(1))
+        if tag == b"N":
+            return None
+        if tag in (b"T", b"F"):
+            return tag == b"T"
+        if tag == b"i":
+            return int(bytes(self._take(self._len())))
+        if tag == b"f":
+            return _FLOAT.unpack(self._take(8))[0]
+        if tag == b"c":
+            return complex(*_COMPLEX.unpack(self._take(16)))
+        if tag == b"s":
+            return str(self._take(self._len()), "utf-8", "surrogatepass")
+        if tag == b"b":
+            return bytes(self._take(self._len()))
+        if tag in (b"l", b"t"):
+            items = [self.value(depth + 1) for _ in range(self._len())]
+            return items if tag == b"l" else tuple(items)
+        if tag == b"d":
+            out = {}
+            for _ in range(self._len()):
+                k = self.value(depth + 1)
+                out[k] = self.value(depth + 1)
+            return out
+        raise ValueError(f"unknown tag {tag!r} in a ckptfs table")
 
 
 def _decimal(key: str) -> bool:
@@ -309,7 +406,7 @@ def _array(code: str, data: bytes) -> array[int]:
 
 def decode(blob: bytes) -> TensorTable:
     """The table the child sent (made by :func:`encode` in this very program)."""
-    m = marshal.loads(blob)
+    m = _Unpacker(blob).whole()
     if type(m) is not dict or m.get("format") != FORMAT:
         raise ValueError("not a ckptfs table")
     n = m["n"]

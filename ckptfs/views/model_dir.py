@@ -2,16 +2,25 @@
 other files of a model directory (passed through byte-exact).
 
 * a file (or a remote object, a byte source): ``name.ext`` becomes ``name.safetensors``;
+* a DCP directory (``.metadata``): one ``model.safetensors``;
+* an HF directory of safetensors shards (``model.safetensors.index.json``): one output file per shard,
+  ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (the prefix is the index's);
 * an HF directory of PyTorch weights — ``pytorch_model.bin``, or shards listed by
   ``pytorch_model.bin.index.json`` (also variants such as ``pytorch_model.bin.index.fp16.json`` and
   other prefixes such as ``adapter_model``): ``model.safetensors`` or ``model-0000i-of-0000n.safetensors``
-  plus ``model.safetensors.index.json``, one output file per input shard; every other file of the
-  directory (config.json, tokenizer files, sub-directories) is passed through;
-* a DCP directory (``.metadata``): one ``model.safetensors``.
+  plus ``model.safetensors.index.json``, one output file per input shard; an HF directory whose weights
+  are one ``model.safetensors`` (or ``adapter_model.safetensors``) likewise;
+* any other directory ckptfs opens (:func:`ckptfs.model.opener.open_catalog`): its only checkpoint
+  ``name.ext`` becomes ``name.safetensors``; a directory of several (unrelated) checkpoints becomes one
+  ``<name>.safetensors`` per checkpoint file, at its place (``run1/epoch_2.pt`` ->
+  ``run1/epoch_2.safetensors``; a DCP checkpoint in ``step_100/`` -> ``step_100/model.safetensors``), its
+  tensors named as in that file alone.
 
-Directories are opened here with :meth:`~ckptfs.model.catalog.Catalog.merge` of the shards the index
-names (``flat``: one key space); a DCP directory is opened by :func:`ckptfs.model.opener.open_catalog`
-(its directory support assembles the chunks into one key space).
+Every other file of a directory (config.json, tokenizer files, sub-directories, the other checkpoint files
+of an HF model directory such as ``optimizer.pt``) is passed through. HF weights found by name are opened
+here with :meth:`~ckptfs.model.catalog.Catalog.merge` of the shards the index names (``flat``: one key
+space), the other directories by :func:`~ckptfs.model.opener.open_catalog` (index cross-checks, DCP
+assembly, a directory of checkpoints: :mod:`ckptfs.model.directory`); only the naming is decided here.
 """
 
 from __future__ import annotations
@@ -27,18 +36,26 @@ from ..container.dcp.checkpoint import is_dcp_directory
 from ..errors import CkptfsError, FormatError, LimitError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.catalog import Catalog
+from ..model.directory import member_key
+from ..model.index import DICT, Group
 from ..model.opener import Target, open_catalog
-from ..source import ByteSource, Directory, LocalFile
+from ..model.sharded import BIN_INDEX, SAFETENSORS_INDEX
+from ..source import ByteSource, Directory, LocalDirectory, LocalFile
 from ..source.options import RemoteOptions
+from .safetensors import FORMAT_KEY, RESERVED_PREFIX, ROOT_NAME, SafetensorsFile, Selection, select
 
 #: index files of sharded PyTorch weights: <prefix>.bin.index[.<variant>].json
 _INDEX_RE = re.compile(r"^(?P<prefix>.+)\.bin\.index(?:\.(?P<variant>[^./]+))?\.json$")
 #: single-file PyTorch weights of a model directory: <prefix>[.<variant>].bin
 _WEIGHTS_RE = re.compile(r"^(?P<prefix>pytorch_model|adapter_model)(?:\.(?P<variant>[^./]+))?\.bin$")
+#: single-file safetensors weights of a model directory: <prefix>[.<variant>].safetensors
+_ST_WEIGHTS_RE = re.compile(r"^(?P<prefix>model|adapter_model)(?:\.(?P<variant>[^./]+))?\.safetensors$")
 #: Entries a model directory's pass-through may hold (files and directories), and how deep.
 MAX_PASSTHROUGH = 100_000
 MAX_PASSTHROUGH_DEPTH = 32
 RESERVED = ".ckptfs"
+#: Catalog.layout formats of directories (a one-file catalog has no format there)
+_DIRECTORY_FORMATS = ("dcp", "hf-sharded", "directory")
 
 
 @dataclass(frozen=True)
@@ -52,12 +69,25 @@ class PassThrough:
     ino: tuple[int, int]  # (st_dev, st_ino) when scanned: a file replaced since is refused when opened
 
 
+@dataclass(frozen=True)
+class Part:
+    """One output file of a directory of checkpoints (kind ``"members"``): the index rows it holds, and the
+    key its names are relative to (``base``: "" for none; the row whose key is ``base`` itself is the
+    file's root, ``%root``)."""
+
+    path: str  # relative, '/'-separated: run1/epoch_2.safetensors
+    roots: list[int]
+    base: str
+
+
 @dataclass
 class ModelSource:
     """A checkpoint to present or write as safetensors.
 
-    ``kind`` is ``"file"`` (one checkpoint: ``<stem>.safetensors``), ``"hf"`` (an HF directory: one output
-    shard per member, named after ``prefix`` / ``variant``) or ``"dcp"`` (one ``model.safetensors``)."""
+    ``kind`` is ``"file"`` (one checkpoint: ``<stem>.safetensors``), ``"hf"`` (an HF directory, or a
+    directory of one checkpoint: one output shard per member, named after ``prefix`` / ``variant``),
+    ``"dcp"`` (one ``model.safetensors``) or ``"members"`` (a directory of several checkpoints: one file
+    per member, ``parts``)."""
 
     catalog: Catalog
     path: str
@@ -67,6 +97,7 @@ class ModelSource:
     variant: str | None = None
     passthrough: list[PassThrough] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # the directory's files that the view replaces
+    parts: list[Part] = field(default_factory=list)  # "members": the output files
 
     @property
     def is_directory(self) -> bool:
@@ -81,7 +112,12 @@ def open_model(target: Target | Catalog, *, strict: bool = False, limits: Limits
                remote: RemoteOptions | None = None) -> ModelSource:
     """Open ``target`` (a checkpoint file, a model directory, a URL, a source or a catalog)."""
     if isinstance(target, Catalog):
+        root = os.path.abspath(target.name)
+        if target.layout.get("format") in _DIRECTORY_FORMATS and os.path.isdir(root):
+            return _model_of_catalog(target, root)  # a directory ckptfs.open opened: named as if opened here
         return ModelSource(target, target.name, "file", stem=output_stem(target.name))
+    if isinstance(target, LocalDirectory):
+        target = target.name
     if not isinstance(target, (ByteSource, Directory)):
         path = os.fspath(target)
         if os.path.isdir(path):
@@ -106,30 +142,43 @@ def _open_directory(path: str, *, strict: bool, limits: Limits) -> ModelSource:
         names = sorted(os.listdir(root))
     except OSError as e:
         raise CkptfsError(e.strerror or str(e), file=root) from None
-    if is_dcp_directory(names):  # the directory support of open_catalog assembles its one key space
-        catalog = open_catalog(root, strict=strict, limits=limits)
-        return ModelSource(catalog, root, "dcp", stem="model")
-    indexes = [n for n in names if _INDEX_RE.match(n) and os.path.isfile(os.path.join(root, n))]
+    files = [n for n in names if os.path.isfile(os.path.join(root, n))]
+    if not is_dcp_directory(names) and not any(n.endswith(SAFETENSORS_INDEX) for n in files):
+        found = _hf_weights(root, files, limits)
+        if found is not None:
+            return _open_hf_weights(root, *found, strict=strict, limits=limits)
+    # DCP, safetensors shards (index cross-checked), a directory of checkpoints: ckptfs.open's own reading
+    catalog = open_catalog(root, strict=strict, limits=limits)
+    try:
+        return _model_of_catalog(catalog, root)
+    except BaseException:
+        catalog.close()
+        raise
+
+
+def _hf_weights(root: str, files: list[str], limits: Limits) -> tuple[list[str], str, str | None] | None:
+    """An HF model directory's weights found by name (as transformers looks for them): (the files, the output
+    prefix, the variant), or None. Shards a ``.bin`` index lists (the plain index before variants: the
+    others are passed through); else one weights file (plain before variants, safetensors before .bin)."""
+    indexes = [n for n in files if _INDEX_RE.match(n)]
     if indexes:
-        # the plain index first (pytorch_model.bin.index.json), then variants: the others are passed through
         indexes.sort(key=lambda n: (_INDEX_RE.match(n).group("variant") is not None, n))  # type: ignore[union-attr]
-        chosen = indexes[0]
-        m = _INDEX_RE.match(chosen)
+        m = _INDEX_RE.match(indexes[0])
         assert m is not None
-        shards = _shards_of_index(root, chosen, limits)
-        hidden = [chosen, *shards]
-        prefix, variant = _hf_prefix(m.group("prefix")), m.group("variant")
-    else:
-        singles = [n for n in names if _WEIGHTS_RE.match(n) and os.path.isfile(os.path.join(root, n))]
-        if not singles:
-            raise FormatError("no PyTorch weights in this directory (pytorch_model.bin, or shards listed by "
-                              "pytorch_model.bin.index.json)", file=root)
-        singles.sort(key=lambda n: (_WEIGHTS_RE.match(n).group("variant") is not None, n))  # type: ignore[union-attr]
-        m = _WEIGHTS_RE.match(singles[0])
-        assert m is not None
-        shards = [singles[0]]
-        hidden = [singles[0]]
-        prefix, variant = _hf_prefix(m.group("prefix")), m.group("variant")
+        return [indexes[0], *_shards_of_index(root, indexes[0], limits)], _hf_prefix(m.group("prefix")), \
+            m.group("variant")
+    singles = [(n, m) for n in files if (m := _WEIGHTS_RE.match(n) or _ST_WEIGHTS_RE.match(n)) is not None]
+    if not singles:
+        return None
+    singles.sort(key=lambda nm: (nm[1].group("variant") is not None, not nm[0].endswith(".safetensors"), nm[0]))
+    name, m = singles[0]
+    return [name], _hf_prefix(m.group("prefix")), m.group("variant")
+
+
+def _open_hf_weights(root: str, hidden: list[str], prefix: str, variant: str | None, *, strict: bool,
+                     limits: Limits) -> ModelSource:
+    """The weights (``hidden``: the index, if any, then the shards) merged into one key space."""
+    shards = [n for n in hidden if not _INDEX_RE.match(n)]
     sources: list[tuple[str, ByteSource]] = []
     try:
         for name in shards:
@@ -141,6 +190,162 @@ def _open_directory(path: str, *, strict: bool, limits: Limits) -> ModelSource:
     catalog = Catalog.merge(sources, name=root, flat=True, strict=strict, limits=limits)
     return ModelSource(catalog, root, "hf", prefix=prefix, variant=variant,
                        passthrough=scan_passthrough(root, exclude=set(hidden)), hidden=hidden)
+
+
+def _model_of_catalog(catalog: Catalog, root: str) -> ModelSource:
+    """How a directory catalog (:func:`ckptfs.model.directory.open_directory`) maps to safetensors files;
+    its other files are passed through."""
+    layout, group = catalog.layout, catalog.group
+    fmt = layout.get("format")
+    exclude: set[str] = set()
+    if fmt == "dcp":
+        model = ModelSource(catalog, root, "dcp")
+    elif fmt == "hf-sharded" and len(layout.get("index", ())) == 1:
+        index = layout["index"][0]
+        name = index.rsplit("/", 1)[-1]
+        if layout.get("index_kind") == "safetensors":
+            prefix = name[: -len(SAFETENSORS_INDEX)]
+        else:
+            prefix = _hf_prefix(name[: -len(BIN_INDEX)])
+        exclude.add(index)  # the view writes its own
+        model = ModelSource(catalog, root, "hf", prefix=prefix or "model")
+    elif fmt == "directory" and group is not None and len(group.flat) == 1 and not group.named:
+        name = catalog.members[0].name  # the directory's only checkpoint (a file at its top)
+        m = _WEIGHTS_RE.match(name) or _ST_WEIGHTS_RE.match(name)
+        prefix, variant = (_hf_prefix(m.group("prefix")), m.group("variant")) if m else (member_key(name), None)
+        model = ModelSource(catalog, root, "hf", prefix=prefix, variant=variant)
+    else:
+        model = ModelSource(catalog, root, "members", parts=member_parts(catalog))
+    model.hidden = [m.name for m in catalog.members if m.name]
+    model.passthrough = _files_passthrough(root, catalog, exclude)
+    return model
+
+
+def _files_passthrough(root: str, catalog: Catalog, exclude: set[str]) -> list[PassThrough]:
+    """The catalog's other files (``Catalog.files``: every file of the directory that is no member, the
+    bytes of members that failed to open included) as pass-through files."""
+    out: list[PassThrough] = []
+    for a in catalog.files:
+        if a.path in exclude or a.path.split("/", 1)[0] == RESERVED:
+            continue
+        full = os.path.join(root, *a.path.split("/"))
+        try:
+            s = os.stat(full)
+        except OSError:
+            continue
+        if stat.S_ISREG(s.st_mode):
+            out.append(PassThrough(a.path, os.path.realpath(full), s.st_size, s.st_mtime_ns, (s.st_dev, s.st_ino)))
+    if len(out) > MAX_PASSTHROUGH:
+        raise LimitError(f"more than {MAX_PASSTHROUGH} files in the model directory", file=root)
+    out.sort(key=lambda p: p.path)
+    return out
+
+
+# --- a directory of checkpoints: one file per member -------------------------------------------------------------
+
+
+def member_parts(catalog: Catalog) -> list[Part]:
+    """One output file per member of a directory catalog, at the member's place: ``run1/epoch_2.pt`` ->
+    ``run1/epoch_2.safetensors``, a DCP checkpoint ``step_100/`` -> ``step_100/model.safetensors``
+    (a name taken twice: ``epoch_2.pt.safetensors``)."""
+    index = catalog.index
+    owners, keys, kinds, names = index.owners, index.keys, index.kinds, index.names
+    assert owners is not None
+    named = _named_members(catalog.group)
+    tops: dict[int, list[int]] = {}  # member -> its rows just below the groups (ckptfs's own rows)
+    stack = [0]
+    while stack:
+        g = stack.pop()
+        for c in index.children(g):
+            if owners[c] < 0:
+                stack.append(c)
+            else:
+                tops.setdefault(owners[c], []).append(c)
+    parts: list[Part] = []
+    taken: set[str] = set()
+    for m, member in enumerate(catalog.members):
+        rows = sorted(tops.get(m, []))
+        if len(rows) == 1 and (m in named or names[rows[0]] == member.name):  # placed under its name
+            r = rows[0]
+            base = keys[r]
+            roots = list(index.children(r)) if kinds[r] == DICT else [r]
+        else:  # its top-level dict spread into a group: names below the group's key
+            parent = index.parents[rows[0]] if rows else 0
+            base = keys[parent] if parent > 0 else ""
+            roots = rows
+        if member.container.kind == "dcp":
+            path = f"{member.name}/model.safetensors" if member.name else "model.safetensors"
+        else:
+            folder, _, file = member.name.rpartition("/")
+            path = (f"{folder}/" if folder else "") + member_key(file) + ".safetensors"
+        if path in taken:
+            path = (member.name.rstrip("/") or "model") + ".safetensors"
+            n = 2
+            while path in taken:
+                path = f"{member.name.rstrip('/') or 'model'}#{n}.safetensors"
+                n += 1
+        taken.add(path)
+        parts.append(Part(path, roots, base))
+    return parts
+
+
+def _named_members(group: Group | None) -> set[int]:
+    out: set[int] = set()
+    stack = [group] if group is not None else []
+    while stack:
+        g = stack.pop()
+        for _, what in g.named:
+            if isinstance(what, Group):
+                stack.append(what)
+            else:
+                out.add(what)
+    return out
+
+
+def member_files(model: ModelSource) -> tuple[list[tuple[str, SafetensorsFile]], dict[str, str]]:
+    """The safetensors files of a ``"members"`` model, one per part, each named and keyed as its checkpoint
+    file alone would be; and everything omitted (by its key in the directory's tree)."""
+    files: list[tuple[str, SafetensorsFile]] = []
+    omitted: dict[str, str] = {}
+    for part in model.parts:
+        sel = select(model.catalog, part.roots)
+        omitted.update(sel.omitted)
+        metadata = _relative(sel, part.base, omitted)
+        files.append((part.path, SafetensorsFile(sel.tensors, metadata, name=part.path)))
+    return files, omitted
+
+
+def _relative(sel: Selection, base: str, omitted: dict[str, str]) -> dict[str, str]:
+    """Rename a selection's tensors, values and omitted entries relative to ``base`` (its metadata, then)."""
+    if not base:
+        return sel.metadata()
+    cut = len(base) + 1
+
+    def local(key: str) -> str:
+        return ROOT_NAME if key == base else key[cut:] if key.startswith(base + ".") else key
+
+    tensors = []
+    for e in sel.tensors:
+        name = local(e.name)
+        if name == "__metadata__":
+            why = "its name is the one safetensors reserves for the metadata"
+            sel.omitted[e.name] = omitted[e.name] = why
+            continue
+        e.name = name
+        tensors.append(e)
+    sel.tensors = tensors
+    values: dict[str, str] = {}
+    for key, text in sel.values.items():
+        k = local(key)
+        if k == FORMAT_KEY or k.startswith(RESERVED_PREFIX):  # ckptfs's own metadata keys win
+            n = 2
+            while f"{k}#{n}" in values or f"{k}#{n}" in sel.values:
+                n += 1
+            k = f"{k}#{n}"
+        values[k] = text
+    sel.values = values
+    sel.omitted = {local(k): why for k, why in sel.omitted.items()}
+    return sel.metadata()
 
 
 def _hf_prefix(prefix: str) -> str:

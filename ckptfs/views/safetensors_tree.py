@@ -3,10 +3,12 @@
 A mount source (:class:`ckptfs.mount.fuse_ops.MountSource`) with a small fixed tree, built when mounted:
 
 * a checkpoint ``name.ext``: ``/name.safetensors``;
-* an HF directory of .bin weights: ``/model.safetensors`` or ``/model-0000i-of-0000n.safetensors`` and
-  ``/model.safetensors.index.json`` (one file per input shard), and every other file and directory of
-  the model directory as it is (config.json, tokenizer files ...), so the mount is a safetensors model
-  directory ``from_pretrained`` loads;
+* an HF directory (.bin or safetensors weights): ``/model.safetensors`` or
+  ``/model-0000i-of-0000n.safetensors`` and ``/model.safetensors.index.json`` (one file per input shard);
+* a DCP directory: ``/model.safetensors``; a directory of several checkpoints: one
+  ``<name>.safetensors`` per checkpoint file, at its place (:mod:`ckptfs.views.model_dir`);
+* every other file and directory of a model directory as it is (config.json, tokenizer files ...), so the
+  mount of an HF directory is a safetensors model directory ``from_pretrained`` loads;
 * ``/.ckptfs/`` (mount.json, like the tree view's).
 
 Each safetensors file is a :class:`~ckptfs.model.extents.Content` made by :mod:`ckptfs.views.safetensors`
@@ -22,7 +24,7 @@ from typing import Callable
 
 from ..model.extents import Content, ContentHandle, source_range
 from ..source import LocalFile
-from .model_dir import RESERVED, ModelSource, PassThrough, open_passthrough
+from .model_dir import RESERVED, ModelSource, PassThrough, member_files, open_passthrough
 from .namespace import DIR, FILE
 from .safetensors import SafetensorsFile, index_name, plan_members, select
 
@@ -61,6 +63,8 @@ def safetensors_files(model: ModelSource) -> tuple[list[tuple[str, SafetensorsFi
     if model.kind == "hf":
         files, index, _ = plan_members(model.catalog, model.prefix, model.variant)
         return files, index, (index_name(model.prefix, model.variant) if index is not None else None)
+    if model.kind == "members":
+        return member_files(model)[0], None, None
     sel = select(model.catalog)
     name = "model.safetensors" if model.kind == "dcp" else model.stem + ".safetensors"
     return [(name, SafetensorsFile(sel.tensors, sel.metadata(), name=name))], None, None
