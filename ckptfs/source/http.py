@@ -131,6 +131,12 @@ class HttpTransport:
             ctx.verify_mode = ssl.CERT_NONE
         return ctx
 
+    def fsspec_options(self) -> dict[str, object]:
+        """Options for fsspec's HTTPFileSystem (which lists directories) that make its requests as this
+        transport's: the same headers and credentials (aiohttp drops ``Authorization`` on a redirect to another
+        host) and the same TLS verification."""
+        return {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
+
     def _headers_for(self, target: _Target, extra: Mapping[str, str]) -> dict[str, str]:
         headers = dict(self._headers)
         if target.origin == self._origin_target.origin:  # never hand credentials to another host

@@ -93,6 +93,10 @@ class NotFound(RemoteError):
     """The object does not exist (404, NoSuchKey)."""
 
 
+class NotAFile(RemoteError):
+    """The URL names a directory (a prefix of a listable store), not an object."""
+
+
 class Deadline:
     """A time budget: ``remaining()`` seconds are left of ``seconds``."""
 
@@ -322,22 +326,7 @@ class RemoteSource:
         return f"reading bytes {offset}-{min(offset + n, self.size) - 1}"
 
     def _retrying(self, what: str, deadline: Deadline, attempt: Callable[[Deadline], T]) -> T:
-        tries = 0
-        while True:
-            try:
-                return attempt(deadline)
-            except Transient as e:
-                tries += 1
-                delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (tries - 1)) * random.uniform(0.5, 1.0)
-                left = deadline.remaining()
-                if left <= delay + 0.05:
-                    raise RemoteError(f"{what}: {e} (gave up after {tries} attempt{'s' * (tries > 1)} in "
-                                      f"{deadline.elapsed():.1f} s; --timeout is {deadline.seconds:g} s)",
-                                      file=self.name) from None
-                log.info("%s: %s: %s; retrying in %.2f s", self.name, what, e, delay)
-                time.sleep(delay)
-            except CkptfsError as e:
-                raise e.at(file=self.name) from None
+        return retrying(self.name, what, deadline, attempt)
 
     def _fetch(self, idxs: list[int], deadline: Deadline) -> None:
         """Fetch claimed consecutive blocks (from the disk cache where it has them): each is put or failed."""
@@ -456,6 +445,27 @@ class RemoteSource:
         if self._disk is not None:
             self._disk.after_fork()
         self.transport.after_fork()
+
+
+def retrying(name: str, what: str, deadline: Deadline, attempt: Callable[[Deadline], T]) -> T:
+    """``attempt(deadline)``, tried again with backoff while it fails with :class:`Transient` and time is left;
+    errors name ``name`` (a URL without credentials) and say what was being done."""
+    tries = 0
+    while True:
+        try:
+            return attempt(deadline)
+        except Transient as e:
+            tries += 1
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (tries - 1)) * random.uniform(0.5, 1.0)
+            left = deadline.remaining()
+            if left <= delay + 0.05:
+                raise RemoteError(f"{what}: {e} (gave up after {tries} attempt{'s' * (tries > 1)} in "
+                                  f"{deadline.elapsed():.1f} s; --timeout is {deadline.seconds:g} s)",
+                                  file=name) from None
+            log.info("%s: %s: %s; retrying in %.2f s", name, what, e, delay)
+            time.sleep(delay)
+        except CkptfsError as e:
+            raise e.at(file=name) from None
 
 
 def _ignore(_: int) -> None:
