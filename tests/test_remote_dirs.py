@@ -150,6 +150,21 @@ def test_listing_errors_are_one_line_without_credentials(seaweed, s3_hf):
     assert "cannot list" in text and wrong not in text, text
 
 
+@pytest.mark.parametrize("kind", ["safetensors", "bin"])
+def test_check_compares_an_s3_directory_with_the_writers_loaders(seaweed, hf_sharded, s3_hf, kind):
+    """torch.load and safetensors' parser read each shard through the same remote source."""
+    r = run_ckptfs("check", s3_hf[kind], env=seaweed.env())
+    n = len(reference(hf_sharded[kind]))
+    assert r.returncode == 0 and f"{n} tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
+
+
+def test_check_of_a_remote_dcp_checkpoint_says_why_not(seaweed, dcp_checkpoints):
+    url = upload(seaweed, dcp_checkpoints / "w2", "dirs/dcp-check")
+    r = run_ckptfs("check", url, env=seaweed.env())
+    assert r.returncode == 2 and "dcp_to_torch_save reads only local directories" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_the_cli_lists_an_s3_directory(seaweed, hf_sharded, s3_hf):
     r = run_ckptfs("ls", "--json", s3_hf["safetensors"], env=seaweed.env())
     assert r.returncode == 0, r.stderr

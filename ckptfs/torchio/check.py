@@ -119,19 +119,32 @@ def _dcp_reference(directory: str) -> Any:
 
 
 def _member_reference(container: Any, trust: bool) -> Any:
+    """The writer's loader's result for one file of a directory. A remote file (a directory URL's member, no
+    local file behind its source) is read by the loader through the same source, by range: torch.load from
+    a file object (no mmap), safetensors' own parser over the object's bytes."""
     import torch
 
     kind = container.kind
-    if kind == "safetensors":
-        return _safetensors_reference(container.source.name)
     if kind == "dcp":
+        if is_url(container.name):
+            raise CkptfsError("torch's dcp_to_torch_save reads only local directories: copy the checkpoint here "
+                              "to check it", file=container.name)
         return _dcp_reference(container.name)
+    source = container.source
+    local = source.region() is not None
+    target: Any = source.name if local else io.BufferedReader(SourceFile(source), 1 << 20)
+    if kind == "safetensors":
+        if local:
+            return _safetensors_reference(source.name)
+        from safetensors.torch import load
+
+        return load(target.read())
     if kind == "torchscript":
         if not trust:
             raise CkptfsError("a TorchScript archive: torch compares only by running it with torch.jit.load "
-                              "(CVE-2025-32434); re-run with --trust if you trust the file", file=container.source.name)
-        return torch.jit.load(container.source.name, map_location="cpu")
-    return torch.load(container.source.name, map_location="cpu", weights_only=not trust, mmap=kind == "zip")
+                              "(CVE-2025-32434); re-run with --trust if you trust the file", file=source.name)
+        return torch.jit.load(target, map_location="cpu")
+    return torch.load(target, map_location="cpu", weights_only=not trust, mmap=kind == "zip" and local)
 
 
 def _group_reference(catalog: Catalog, group: Group, trust: bool) -> Any:
