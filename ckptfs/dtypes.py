@@ -121,8 +121,18 @@ STORAGE_MODULES = ("torch", "torch.cuda", "torch.storage", "torch.cuda.storage")
 UINT8 = DTYPES["uint8"]
 
 
+_NUMPY_DTYPES: dict[tuple[DType, str], np.dtype[Any]] = {}
+
+
 def numpy_dtype(dt: DType, byteorder: str = "little") -> np.dtype[Any]:
     """The numpy dtype for ``dt`` in the file's byte order; raises :class:`UnsupportedError` if none."""
+    found = _NUMPY_DTYPES.get((dt, byteorder))
+    if found is None:
+        found = _NUMPY_DTYPES[(dt, byteorder)] = _numpy_dtype(dt, byteorder)
+    return found
+
+
+def _numpy_dtype(dt: DType, byteorder: str) -> np.dtype[Any]:
     import numpy as np
 
     from .errors import UnsupportedError

@@ -100,13 +100,15 @@ class ZipRecord:
 
     def _read_local_header(self) -> int:
         src = self.archive.source
-        head = src.pread(self.header_offset, LOCAL.size)
+        # the header and the name the directory gives, in one read (a name of another length differs anyway)
+        head = src.pread(self.header_offset, LOCAL.size + len(self.raw_name))
         if len(head) < LOCAL.size:
             raise self._fail("local header is truncated")
-        (sig, _ver, _os, flags, method, _t, _d, crc, csize, size, name_len, extra_len) = LOCAL.unpack(head)
+        (sig, _ver, _os, flags, method, _t, _d, crc, csize, size, name_len, extra_len) = LOCAL.unpack_from(head)
         if sig != LOCAL_SIG:
             raise self._fail(f"no local header at offset {self.header_offset} (central directory lies)")
-        name = src.pread(self.header_offset + LOCAL.size, name_len)
+        name = head[LOCAL.size : LOCAL.size + name_len] if name_len == len(self.raw_name) else \
+            src.pread(self.header_offset + LOCAL.size, name_len)
         if name != self.raw_name:
             raise self._fail(f"local header names {name!r}; the central directory and local header disagree")
         if method != self.method:

@@ -24,7 +24,7 @@ class TensorData:
     of its storage when it is C-contiguous, its pickled bytes for an inline numpy array, a gather for any
     other strided view."""
 
-    __slots__ = ("t", "storage", "size", "base", "contiguous", "inline", "file_name", "key", "content")
+    __slots__ = ("t", "storage", "size", "base", "contiguous", "inline", "file_name", "key", "_content")
 
     def __init__(self, t: TensorNode, storage: ByteSource | None, *, file_name: str = "", key: str = "") -> None:
         self.t = t
@@ -51,7 +51,15 @@ class TensorData:
                 raise self._fail("storage record is not resolved")
             self.base = t.storage_offset * t.dtype.itemsize
             self.contiguous = is_contiguous(t.shape, t.stride)  # type: ignore[arg-type]
-        self.content = Content(self._pieces())
+        self._content: Content | None = None
+
+    @property
+    def content(self) -> Content:
+        """The pieces, planned on first use (a zero-copy map of a stored range needs none)."""
+        c = self._content
+        if c is None:
+            c = self._content = Content(self._pieces())  # (a race plans it twice: harmless)
+        return c
 
     def _pieces(self) -> list[Piece]:
         if self.size == 0:
@@ -89,8 +97,10 @@ class TensorData:
 
     def region(self) -> FileRegion | None:
         """Where the whole tensor lies in a local file (it is one stored range): zero-copy maps, else None."""
-        single = self.content.single_range()
-        return None if single is None else single.region()
+        if not self.contiguous or self.inline is not None or self.storage is None or not self.size:
+            return None
+        r = self.storage.region()
+        return None if r is None else FileRegion(r.file, r.offset + self.base)
 
     # --- strided gather -----------------------------------------------------------------------------------
     def _gather_into(self, out: memoryview, offset: int) -> None:

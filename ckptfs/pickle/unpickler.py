@@ -161,6 +161,8 @@ def _prefixed(prefix: str) -> object:
 # unpickle it (the same bytes, the same work: bounded by what the child just did).
 
 _OK, _CKPTFS, _MEMORY, _OTHER, _DIGEST = b"K", b"E", b"M", b"X", b"D"
+#: The digest may grow the probe child by this many times ``max_memory`` beyond what unpickling built.
+DIGEST_MEMORY_FACTOR = 2
 
 
 SMALL_PICKLE = 8192
@@ -428,16 +430,23 @@ def _quiet_and_capped(limits: Limits) -> None:
         os.dup2(devnull, 2)
     except OSError:
         pass
-    now = memory_now()
-    if now is not None:
-        import resource
+    _cap_address_space(limits.max_memory, lower_only=True)
 
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = now[0] + limits.max_memory
-        if hard != resource.RLIM_INFINITY:
-            cap = min(cap, hard)
-        if soft == resource.RLIM_INFINITY or cap < soft:
-            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+def _cap_address_space(extra: int, *, lower_only: bool = False) -> None:
+    """Let this process's address space grow by at most ``extra`` bytes from now (never past the hard
+    limit); with ``lower_only``, only if that lowers the cap in force."""
+    now = memory_now()
+    if now is None:
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = now[0] + extra
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft == resource.RLIM_INFINITY or cap < soft or not lower_only:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
 def _probe_child(up: SafeUnpickler, r: int, w: int, digest: Callable[[object], bytes | None] | None) -> None:
@@ -450,6 +459,10 @@ def _probe_child(up: SafeUnpickler, r: int, w: int, digest: Callable[[object], b
                 obj = pickle.Unpickler.load(up)
                 summary = None
                 if digest is not None:
+                    # The cap was for what the pickle may build; the digest is ckptfs's own code, linear in
+                    # what was built (a table of it, then its bytes): room for it, so that a large graph is
+                    # not handed back to be built again, bigger, in the parent.
+                    _cap_address_space(DIGEST_MEMORY_FACTOR * up.limits.max_memory)
                     try:
                         summary = digest(obj)
                     except MemoryError:  # no room for the digest: the parent unpickles as usual
