@@ -12,8 +12,18 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from . import (cases_api, cases_formats, cases_index, cases_mount, cases_remote, cases_scale, cases_tools, cases_views,
-               config, report)
+from . import (
+    cases_api,
+    cases_formats,
+    cases_index,
+    cases_mount,
+    cases_remote,
+    cases_scale,
+    cases_tools,
+    cases_views,
+    config,
+    report,
+)
 from .core import PKG_PARENT, CaseResult, Context, Row
 from .data import DataDir
 
@@ -84,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write raw results as JSON here")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--render", metavar="JSON", help="only write the report again from a --json file (no measuring)")
+    p.add_argument("--merge", metavar="JSON", nargs="+",
+                   help="with --render: later --json files of some cases, whose results replace those cases' "
+                        "(the report says which cases were measured again, when, at which commit)")
     return p
 
 
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             print(c)
         return 0
     if args.render:
-        return render(args.render, args.output or os.path.join(PKG_PARENT, "docs", "benchmarks.md"))
+        return render(args.render, args.output or os.path.join(PKG_PARENT, "docs", "benchmarks.md"), args.merge or [])
     cfg = config.get(args.quick, args.reps, args.warmup)
     chosen = select(args.only)
     output = args.output or ("/tmp/ckptfs-bench-quick.md" if args.quick else os.path.join(PKG_PARENT, "docs",
@@ -197,10 +210,20 @@ def _write(output: str, ctx: Context, results: list[CaseResult], facts: dict, ar
     return run
 
 
-def render(path: str, output: str) -> int:
-    """Write the report again from a --json file (e.g. after editing benchmarks/findings.md): no measuring."""
+def render(path: str, output: str, merge: list[str] | None = None) -> int:
+    """Write the report again from a --json file (e.g. after editing benchmarks/findings.md): no measuring.
+    ``merge``: --json files of later runs of some cases; their results replace those cases', in place."""
     with open(path) as f:
         saved = json.load(f)
-    report.write(output, saved["run"], report.results_from_json(saved["results"]))
-    print(f"wrote {output} from {path}", file=sys.stderr)
+    results = saved["results"]
+    for later_path in merge or []:
+        with open(later_path) as f:
+            later = json.load(f)
+        by_id = {r["id"]: r for r in later["results"]}
+        results = [by_id.get(r["id"], r) for r in results]
+        saved["run"].setdefault("remeasured", []).append(
+            {"when": later["run"]["when"], "git": later["run"]["git"], "seconds": later["run"]["seconds"],
+             "cases": [r["id"] for r in later["results"]]})
+    report.write(output, saved["run"], report.results_from_json(results))
+    print(f"wrote {output} from {path}{' and ' + ', '.join(merge) if merge else ''}", file=sys.stderr)
     return 0

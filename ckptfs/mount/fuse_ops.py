@@ -224,10 +224,6 @@ class Operations:
             conn.max_read = self.max_read  # libfuse3 refuses a max_read option that init does not repeat
         if conn is not None and self.splice and conn.capable & CAP_SPLICE_WRITE:
             conn.want |= CAP_SPLICE_WRITE  # replies naming a file descriptor are spliced, not copied
-        if conn is not None and os.environ.get("CKPTFS_EXP_NOAID"):  # EXPERIMENT
-            conn.want &= ~(1 << 12)
-        if conn is not None and os.environ.get("CKPTFS_EXP_BG"):  # EXPERIMENT
-            conn.max_background = int(os.environ["CKPTFS_EXP_BG"])
         self.init("/")
 
     def _after_mount(self) -> None:
