@@ -120,6 +120,14 @@ def test_fast_path_agrees_on_arbitrary_arguments(pid, offset, size, stride, rg, 
     _agree(V2_CALL(*args))
 
 
+def test_a_storage_with_a_negative_element_count_is_the_tensors_error_on_both_paths():
+    """Found by the test above: the general path left the storage's error off the tensor."""
+    pid = PersistentId(("storage", STYPE, "0", "cpu", -1))
+    _agree(V2_CALL(pid, 0, (), (), True, {}))
+    t = Converter().v2(V2_CALL(pid, 0, (), (), True, {}))
+    assert t.error == "storage '0' declares -1 elements"
+
+
 @pytest.mark.parametrize("args", [(), ("x",), tuple(range(9))])
 def test_fast_path_agrees_on_wrong_arity(args):
     _agree(V2_CALL(*args))

@@ -150,6 +150,7 @@ def test_listing_errors_are_one_line_without_credentials(seaweed, s3_hf):
     assert "cannot list" in text and wrong not in text, text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["safetensors", "bin"])
 def test_check_compares_an_s3_directory_with_the_writers_loaders(seaweed, hf_sharded, s3_hf, kind):
     """torch.load and safetensors' parser read each shard through the same remote source."""
@@ -158,6 +159,7 @@ def test_check_compares_an_s3_directory_with_the_writers_loaders(seaweed, hf_sha
     assert r.returncode == 0 and f"{n} tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_check_of_a_remote_dcp_checkpoint_says_why_not(seaweed, dcp_checkpoints):
     url = upload(seaweed, dcp_checkpoints / "w2", "dirs/dcp-check")
     r = run_ckptfs("check", url, env=seaweed.env())

@@ -73,6 +73,7 @@ def test_503_answers_are_retried_with_backoff(own_nginx, expected):
     assert set(statuses[:first_ok]) == {503} and 2 <= first_ok < 20, statuses  # backoff: a few, not hundreds
 
 
+@pytest.mark.slow
 @pytest.mark.mount
 def test_mount_survives_the_server_going_away_and_coming_back(mount, own_nginx, expected):
     path, tensors = expected

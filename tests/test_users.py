@@ -116,6 +116,7 @@ def test_allow_other_without_user_allow_other_says_what_to_change(system, users,
     assert not is_mounted(mnt)
 
 
+@pytest.mark.slow
 def test_allow_other_and_permissions_the_mount_defines(system, users, ckpt, dev_fuse_for_users, fuse_conf):
     owner, other = users
     fuse_conf(True)

@@ -54,7 +54,7 @@ class DenseConverter(StorageConverter):
                        metadata if type(metadata) is dict and metadata else None)
         if t.metadata:
             t.extra = metadata_extra(t.metadata)
-        t.error = error
+        t.error = error or (ref.error if ref is not None else None)  # as v2's fast path records it
         return t
 
     def v2(self, call: Call) -> TensorNode:
