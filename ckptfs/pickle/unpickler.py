@@ -163,6 +163,8 @@ def _prefixed(prefix: str) -> object:
 _OK, _CKPTFS, _MEMORY, _OTHER, _DIGEST = b"K", b"E", b"M", b"X", b"D"
 #: The digest may grow the probe child by this many times ``max_memory`` beyond what unpickling built.
 DIGEST_MEMORY_FACTOR = 2
+#: In a probe child: the address-space soft limit it inherited (a cap is never raised past it).
+_SOFT_BEFORE_CAP: int | None = None
 
 
 SMALL_PICKLE = 8192
@@ -434,17 +436,22 @@ def _quiet_and_capped(limits: Limits) -> None:
 
 
 def _cap_address_space(extra: int, *, lower_only: bool = False) -> None:
-    """Let this process's address space grow by at most ``extra`` bytes from now (never past the hard
-    limit); with ``lower_only``, only if that lowers the cap in force."""
+    """Let this process's address space grow by at most ``extra`` bytes from now, never past the soft limit
+    it had before the first call (the user's own ``ulimit -v``) nor the hard limit; with ``lower_only``,
+    only if that lowers the cap in force."""
     now = memory_now()
     if now is None:
         return
     import resource
 
+    global _SOFT_BEFORE_CAP
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if _SOFT_BEFORE_CAP is None:
+        _SOFT_BEFORE_CAP = soft
     cap = now[0] + extra
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
+    for bound in (_SOFT_BEFORE_CAP, hard):
+        if bound != resource.RLIM_INFINITY:
+            cap = min(cap, bound)
     if soft == resource.RLIM_INFINITY or cap < soft or not lower_only:
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
