@@ -540,3 +540,19 @@ def dotted_tensors(obj: object, prefix: str = "") -> dict[str, torch.Tensor]:
         for k, v in obj.items():
             out |= dotted_tensors(v, f"{prefix}.{k}" if prefix else str(k))
     return out
+
+
+def sharded_reference(d: Path) -> dict[str, torch.Tensor]:
+    """Every key of the shards the index names, loaded by the writer's own loader: torch.load of each
+    ``.bin`` shard (merged, as transformers does), safetensors.safe_open of each ``.safetensors`` one."""
+    index = next(d.glob("*.index.json"))
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        if shard.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(d / shard, framework="pt") as f:
+                out.update({k: f.get_tensor(k) for k in f.keys()})
+        else:
+            out.update(torch.load(d / shard, weights_only=True, mmap=True))
+    return out

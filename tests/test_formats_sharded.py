@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import MODEL_FILES, run_ckptfs, torch_bytes
+from helpers import MODEL_FILES, run_ckptfs, sharded_reference, torch_bytes
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -19,24 +19,10 @@ import ckptfs
 from ckptfs.errors import FormatError
 
 
-def reference(d: Path) -> dict[str, torch.Tensor]:
-    """Every key of the shards the index names, loaded by the writer's own loader: torch.load of each
-    ``.bin`` shard (merged, as transformers does), safetensors.safe_open of each ``.safetensors`` one."""
-    index = next(d.glob("*.index.json"))
-    out: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        if shard.endswith(".safetensors"):
-            with safe_open(d / shard, framework="pt") as f:
-                out.update({k: f.get_tensor(k) for k in f.keys()})
-        else:
-            out.update(torch.load(d / shard, weights_only=True, mmap=True))
-    return out
-
-
 @pytest.mark.parametrize("kind", ["safetensors", "bin"])
 def test_one_tree_of_every_shard(hf_sharded: dict[str, Path], kind: str) -> None:
     d = hf_sharded[kind]
-    want = reference(d)
+    want = sharded_reference(d)
     shards = sorted(p.name for p in d.iterdir() if p.suffix in (".safetensors", ".bin"))
     assert len(shards) >= 5, shards  # the fixture is sharded for real
     with ckptfs.open(d) as ckpt:
@@ -62,7 +48,7 @@ def test_one_tree_of_every_shard(hf_sharded: dict[str, Path], kind: str) -> None
 @pytest.mark.parametrize("kind", ["safetensors", "bin"])
 def test_load_and_check_of_a_sharded_directory(hf_sharded: dict[str, Path], kind: str) -> None:
     d = hf_sharded[kind]
-    want = reference(d)
+    want = sharded_reference(d)
     sd = ckptfs.load(d)
     assert sorted(sd) == sorted(want)
     for k, t in want.items():
@@ -81,7 +67,7 @@ def test_transformers_save_pretrained(tmp_path: Path) -> None:
                       num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path, max_shard_size="3KB")
-    want = reference(tmp_path)
+    want = sharded_reference(tmp_path)
     assert len(list(tmp_path.glob("*.safetensors"))) > 3
     with ckptfs.open(tmp_path) as ckpt:
         assert sorted(ckpt.tensor_keys()) == sorted(want)
@@ -225,7 +211,7 @@ def test_a_hugging_face_cache_snapshot(hf_sharded: dict[str, Path], tmp_path: Pa
         blob = blobs / f"{i:064x}"
         shutil.copy(p, blob)
         os.symlink(os.path.relpath(blob, snap), snap / p.name)
-    want = reference(hf_sharded["safetensors"])
+    want = sharded_reference(hf_sharded["safetensors"])
     with ckptfs.open(snap) as ckpt:
         assert sorted(ckpt.tensor_keys()) == sorted(want)
         k = next(iter(want))

@@ -11,26 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import MODEL_FILES, run_ckptfs, save, torch_bytes
-from safetensors import safe_open
+from helpers import MODEL_FILES, run_ckptfs, save, sharded_reference, torch_bytes
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import ckptfs
 from ckptfs.errors import FormatError
 from ckptfs.source.remote_directory import RemoteDirectory
-
-
-def reference(d: Path) -> dict[str, torch.Tensor]:
-    """Every key of the shards the index names, as the writer's own loader gives it."""
-    index = next(d.glob("*.index.json"))
-    out: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        if shard.endswith(".safetensors"):
-            with safe_open(d / shard, framework="pt") as f:
-                out.update({k: f.get_tensor(k) for k in f.keys()})
-        else:
-            out.update(torch.load(d / shard, weights_only=True))
-    return out
 
 
 def upload(seaweed, local: Path, prefix: str) -> str:
@@ -55,7 +41,7 @@ def one_line(e: BaseException) -> str:
 
 
 def assert_sharded(ckpt, local: Path) -> None:
-    want = reference(local)
+    want = sharded_reference(local)
     assert ckpt.format == "hf-sharded"
     assert sorted(ckpt.tensor_keys()) == sorted(want)
     for k, t in want.items():
@@ -155,7 +141,7 @@ def test_listing_errors_are_one_line_without_credentials(seaweed, s3_hf):
 def test_check_compares_an_s3_directory_with_the_writers_loaders(seaweed, hf_sharded, s3_hf, kind):
     """torch.load and safetensors' parser read each shard through the same remote source."""
     r = run_ckptfs("check", s3_hf[kind], env=seaweed.env())
-    n = len(reference(hf_sharded[kind]))
+    n = len(sharded_reference(hf_sharded[kind]))
     assert r.returncode == 0 and f"{n} tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
 
 
@@ -171,7 +157,7 @@ def test_the_cli_lists_an_s3_directory(seaweed, hf_sharded, s3_hf):
     r = run_ckptfs("ls", "--json", s3_hf["safetensors"], env=seaweed.env())
     assert r.returncode == 0, r.stderr
     rows = {m["key"]: m for m in map(json.loads, r.stdout.splitlines())}
-    for k, t in reference(hf_sharded["safetensors"]).items():
+    for k, t in sharded_reference(hf_sharded["safetensors"]).items():
         assert rows[k]["shape"] == list(t.shape) and rows[k]["dtype"] == str(t.dtype).removeprefix("torch."), k
     missing = f"s3://{seaweed.bucket}/dirs/nothing-here/"
     r = run_ckptfs("ls", missing, "--timeout", "5", env=seaweed.env())
@@ -181,7 +167,7 @@ def test_the_cli_lists_an_s3_directory(seaweed, hf_sharded, s3_hf):
 
 @pytest.mark.mount
 def test_mount_an_s3_directory(mount, seaweed, hf_sharded, s3_hf):
-    want = reference(hf_sharded["bin"])
+    want = sharded_reference(hf_sharded["bin"])
     m = mount(s3_hf["bin"], env=seaweed.env())
     key = "model.layers.1.mlp.up_proj.weight"
     assert m.path.joinpath(*key.split(".")).read_bytes() == torch_bytes(want[key])
