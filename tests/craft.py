@@ -74,14 +74,18 @@ class _LegacyPickler(pickle.Pickler):
         return obj.pid if isinstance(obj, _Storage) else None
 
 
-def write_legacy_stream(path: Path, obj: Any, storages: list[tuple[str, bytes, int]], protocol: int = 2) -> None:
-    """A legacy stream: header pickles, ``obj`` (whose storage references are :func:`storage_ref`), the
-    key list, then each ``(key, data, itemsize)`` as an 8-byte count and the bytes."""
+TORCH_SYS_INFO = {"protocol_version": 1001, "little_endian": True, "type_sizes": {"short": 2, "int": 4, "long": 8}}
+
+
+def write_legacy_stream(path: Path, obj: Any, storages: list[tuple[str, bytes, int]], protocol: int = 2,
+                        sys_info: Any = None) -> None:
+    """A legacy stream: header pickles (``sys_info``: torch's unless given), ``obj`` (whose storage
+    references are :func:`storage_ref`), the key list, then each ``(key, data, itemsize)`` as an 8-byte
+    count and the bytes."""
     f = io.BytesIO()
     pickle.dump(0x1950A86A20F9469CFC6C, f, protocol=protocol)
     pickle.dump(1001, f, protocol=protocol)
-    pickle.dump({"protocol_version": 1001, "little_endian": True, "type_sizes": {"short": 2, "int": 4, "long": 8}},
-                f, protocol=protocol)
+    pickle.dump(TORCH_SYS_INFO if sys_info is None else sys_info, f, protocol=protocol)
     _LegacyPickler(f, protocol=protocol).dump(obj)
     pickle.dump([k for k, _, _ in storages], f, protocol=protocol)
     for _key, data, itemsize in storages:

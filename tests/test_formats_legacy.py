@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import struct
 import tarfile
@@ -273,6 +274,29 @@ def test_trailing_bytes_and_info(tmp_path):
         assert info["container"]["sys_info"]["little_endian"] is True
         assert "legacy" in info["torch_version_hint"] or "1.6" in info["torch_version_hint"]
         assert ckpt.numpy("a").tolist() == [1, 1, 1]
+
+
+def test_sys_info_with_values_torch_never_writes(tmp_path):
+    """torch.load reads sys_info and ignores it; ckptfs shows it in info(), which must stay JSON whatever the
+    file put there (found by the fuzzer: a storage class spliced into type_sizes)."""
+    p = tmp_path / "s.pt"
+    data = np.arange(6, dtype="<f4").tobytes()
+    sys_info = {"protocol_version": 1001, "little_endian": True, 7: "int key",
+                "type_sizes": {"short": 2, "long": torch.FloatStorage, "nan": float("nan"), 3: (1, 2)},
+                "huge": 1 << 100, "nested": {"a": {"b": {"c": [1]}}}}
+    write_legacy_stream(p, {"a": rebuild_v2(storage_ref(torch.FloatStorage, "0", 6), 0, (2, 3), (3, 1))},
+                        [("0", data, 4)], sys_info=sys_info)
+    ref = torch.load(p, weights_only=False)
+    with ckptfs.open(p) as ckpt:
+        info = ckpt.info()
+        shown = json.loads(json.dumps(info))["container"]["sys_info"]
+        assert shown["little_endian"] is True and shown["protocol_version"] == 1001
+        assert shown["type_sizes"]["short"] == 2
+        assert "FloatStorage" in shown["type_sizes"]["long"]
+        assert shown["type_sizes"]["nan"] == "nan" and shown["type_sizes"]["3"] == "(1, 2)"
+        assert shown["huge"] == str(1 << 100)
+        assert "7" not in shown  # torch writes str keys only; others are left out
+        assert ckpt.read("a") == torch_bytes(ref["a"])
 
 
 def test_bad_magic_and_protocol(tmp_path):

@@ -22,9 +22,10 @@ byte ranges of the file, served by pread like stored zip records.
 from __future__ import annotations
 
 import io
+import math
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError
+from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError, brief
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import StorageRef, StorageViewRef
 from ..pickle.unpickler import SafeUnpickler, unpickle
@@ -37,6 +38,18 @@ if TYPE_CHECKING:
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 HEADER_WINDOW = 4096  # bytes read at a time while walking storage headers (many small storages: one read)
+
+
+def _plain(v: object, depth: int = 0) -> object:
+    """A sys_info value as JSON can hold it: torch writes a bool, an int and a dict of ints; anything else the
+    file put there (a storage class, a float NaN, a nested tuple) is shown as its brief repr."""
+    if v is None or isinstance(v, (bool, str)) or isinstance(v, int) and v.bit_length() <= 64:
+        return v
+    if isinstance(v, float) and math.isfinite(v):
+        return v
+    if isinstance(v, dict) and depth < 2 and len(v) <= 64:
+        return {k if isinstance(k, str) else brief(k): _plain(x, depth + 1) for k, x in v.items()}
+    return brief(v)
 
 
 class _Window(io.RawIOBase):
@@ -127,7 +140,7 @@ class LegacyStream:
             raise self._fail(f"legacy protocol version {protocol!r} (torch writes {PROTOCOL_VERSION})")
         if not isinstance(sys_info, dict):
             raise self._fail(f"legacy sys_info is a {type(sys_info).__name__}, not a dict")
-        info = {k: v for k, v in sys_info.items() if isinstance(k, str)}
+        info = {k: _plain(v) for k, v in sys_info.items() if isinstance(k, str)}
         return stream.tell(), info
 
     # --- the object pickle -----------------------------------------------------------------------------
