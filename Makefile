@@ -14,7 +14,6 @@ help:
 	@echo "make bench  - benchmarks against torch.load, zipslicer, safetensors, ratarmount -> docs/benchmarks.md"
 	@echo "make fuzz   - a long fuzzing run over mutated checkpoints"
 	@echo "make lint   - ruff, mypy and the import-linter layer contracts (docs/architecture.md)"
-	@echo "make test-quick - the tests not marked slow (a few minutes)"
 
 # System packages: FUSE 3 (and 2, for peers that need it); nginx and openssl for the remote tests (HTTP, HTTPS);
 # rclone for the remote benchmarks; attr (getfattr, shown in the README). Skipped when already present.

@@ -124,3 +124,20 @@ def test_info_counts_read_like_model_cards():
     from ckptfs.cli.common import count_text as _count
 
     assert [_count(n) for n in (1_500, 50_414_643, 7_241_732_096, 1_200_000_000_000)] == ["1.5K", "50.4M", "7.2B", "1.2T"]
+
+
+@pytest.mark.parametrize("command", ["ls", "info", "code", "stats", "diff", "check", "mount", "umount", "export"])
+def test_every_command_s_help_ends_with_examples(command):
+    r = run(command, "--help")
+    assert r.returncode == 0 and r.stderr == ""
+    tail = r.stdout.split("examples:\n", 1)
+    assert len(tail) == 2, r.stdout
+    assert any(line.strip().startswith(f"ckptfs {command} ") for line in tail[1].splitlines()), tail[1]
+
+
+def test_the_mount_helper_s_help():
+    helper = os.path.join(os.path.dirname(sys.executable), "mount.fuse.ckptfs")
+    r = subprocess.run([helper, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("usage: mount.fuse.ckptfs ") and "examples:" in r.stdout
+    r = subprocess.run([helper, "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 1 and "usage: mount.fuse.ckptfs" in r.stderr  # mount(8)'s status for wrong usage

@@ -256,6 +256,56 @@ def test_dtype_change_reports_the_values_too(tmp_path):
     assert (by_key["same"].status, by_key["same"].n_different) == ("dtype", 0)  # float32 -> float64: lossless
 
 
+def test_a_dtype_change_with_tolerances_says_whether_the_values_are_close(tmp_path):
+    """"Did my conversion keep every weight?": a bf16 copy is a dtype change whatever the values, and its
+    values are told close (within --atol) or not as an unchanged dtype's are, counted beyond the tolerance."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(1000, generator=g)
+    bad = w.bfloat16().clone()
+    bad[7] = 5.0
+    a, good_b, bad_b = tmp_path / "a.pth", tmp_path / "good.pth", tmp_path / "bad.pth"
+    torch.save({"w": w}, a)
+    torch.save({"w": w.bfloat16()}, good_b)
+    torch.save({"w": bad}, bad_b)
+    atol = 0.01
+    for b, copy in ((good_b, w.bfloat16()), (bad_b, bad)):
+        (e,), s = ckptfs.diff(a, b, atol=atol)
+        wide, cb = w.double(), copy.double()
+        not_close = int((~torch.isclose(wide, cb, rtol=0.0, atol=atol)).sum())
+        assert e.status == "dtype" and not s.identical
+        assert e.values == ("close" if not_close == 0 else "different")
+        assert e.n_different == (not_close or int((wide != cb).sum()))
+        assert e.max_abs == float((wide - cb).abs().max())
+        line = run("diff", "--atol", str(atol), str(a), str(b)).stdout
+        if not_close == 0:
+            assert "dtype changed; values close: " in line and "within --atol/--rtol" in line, line
+        else:
+            assert not_close == 1 and "dtype changed; 1 of 1,000 elements differ" in line, line
+    (e,), _ = ckptfs.diff(a, good_b)
+    assert e.values == "different"  # no tolerance: every rounded value differs
+
+
+def test_a_pattern_that_matches_nothing_is_trouble(tmp_path):
+    a = tmp_path / "a.pth"
+    torch.save({"w": torch.ones(3)}, a)
+    r = run("diff", str(a), str(a), "nomatch*")
+    assert r.returncode == 2 and "no key of either checkpoint matches nomatch*" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert run("diff", str(a), str(a), "w").returncode == 0
+
+
+def test_signalling_nans_compare_without_warnings(tmp_path):
+    """bf16 bit patterns of signalling NaNs against their float32 copies: numpy's cast to float64 would warn
+    ('invalid value encountered in cast') on stderr, two lines in the middle of the output."""
+    raw = torch.tensor([0x7F81, 0xFF81, 0x7FC0, 0x3F80], dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    a, b = tmp_path / "a.pth", tmp_path / "b.pth"
+    torch.save({"v": raw}, a)
+    torch.save({"v": raw.float()}, b)
+    r = run("diff", str(a), str(b))
+    assert r.returncode == 1 and "Warning" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "values equal" in r.stdout  # (the summary line is the only one on stderr)
+
+
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
                                   "float8_e8m0fnu", "bfloat16", "float16"])
 def test_every_bit_pattern_decodes_as_torch_converts_it(tmp_path, name):

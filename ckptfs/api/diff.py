@@ -98,6 +98,7 @@ class DiffEntry:
     max_rel: float | None = None  # largest |a - b| / |b|
     nan_mismatch: int | None = None  # elements NaN on one side only
     nan_at: list[int] | None = None  # the first of them
+    values: str | None = None  # dtype changed: are the values "equal", "close" (within atol/rtol) or "different"
     how: str | None = None  # identical: "same storage" / "compared"; equal: why the bytes differ
     value_a: str | None = None  # non-tensor values (a short repr)
     value_b: str | None = None
@@ -167,6 +168,10 @@ class Comparison:
         self._keys_b = _selected(b, options.b_prefix, options.patterns, options.tensors_only)
         self._identities: dict[int, tuple[object, ...]] = {}
         self._elements = chunk_elements(options.chunk_bytes)
+
+    def selected(self) -> tuple[int, int]:
+        """How many of A's and of B's keys the options select for comparison."""
+        return len(self._keys_a), len(self._keys_b)
 
     def key_width(self) -> int:
         """The longest key compared (for aligned output)."""
@@ -390,15 +395,13 @@ class Comparison:
             e.how = "compared"
             return e
         acc.finish(e, da.t.shape)
-        if e.status == "dtype":
+        verdict = "equal" if acc.n_not_equal == 0 else "close" if acc.n_not_close == 0 else "different"
+        if e.status == "dtype":  # a difference whatever the values; they are told apart as the rest are
+            e.values = verdict
             return e
-        if acc.n_not_equal == 0:
-            e.status = "equal"
+        e.status = verdict
+        if verdict == "equal":
             e.how = _why_bytes_differ(deca, decb)
-        elif acc.n_not_close == 0:
-            e.status = "close"
-        else:
-            e.status = "different"
         return e
 
     # --- renames ---------------------------------------------------------------------------------------------
@@ -491,8 +494,8 @@ class _ValueDiff:
             self._add_ints(pos, va, vb)
             return
         wide = np.complex128 if np.iscomplexobj(va) or np.iscomplexobj(vb) else np.float64
-        a, b = va.astype(wide, copy=False), vb.astype(wide, copy=False)
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # (a signalling NaN warns in the cast)
+            a, b = va.astype(wide, copy=False), vb.astype(wide, copy=False)
             nan_a, nan_b = np.isnan(a), np.isnan(b)
             equal = (a == b) | (nan_a & nan_b)
             n_ne = int(a.size - np.count_nonzero(equal))

@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
                    "ckptfs diff -q a.pth b.pth && echo same            # exit status only"))
     sp.add_argument("a", metavar="A", help="a checkpoint (the old one, or the reference)")
     sp.add_argument("b", metavar="B", help="another checkpoint (the new one, or the copy to check)")
-    sp.add_argument("pattern", nargs="*", help="only keys matching these globs (e.g. 'encoder.*')")
+    sp.add_argument("pattern", nargs="*", default=[], help="only keys matching these globs (e.g. 'encoder.*')")
     sp.add_argument("--json", action="store_true", help="one JSON object per key that differs (all with -v)")
     sp.add_argument("-v", "--verbose", action="store_true", help="also list keys that are the same")
     sp.add_argument("-q", "--quiet", action="store_true", help="print nothing: the exit status says it all")
@@ -86,6 +86,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     names = (oneline(args.a), oneline(args.b))
     with open_checkpoint(args.a, args) as a, open_checkpoint(args.b, args) as b:
         comparison = Comparison(a.catalog, b.catalog, options)
+        if args.pattern and comparison.selected() == (0, 0):
+            raise CkptfsError(f"no key of either checkpoint matches {' '.join(oneline(p) for p in args.pattern)} "
+                              f"(see `ckptfs ls {oneline(args.a)}`)")
         width = min(KEY_WIDTH, comparison.key_width())
         with bar(comparison.total_bytes(), "diff", disable=args.no_progress or args.quiet) as progress:
             comparison.progress = progress.update
@@ -149,6 +152,8 @@ def _line(e: Any, names: tuple[str, str], color: bool, exact: bool = False, widt
         mark, c = "~", RED
         what = f"{e.dtype_a} -> {e.dtype_b} {shape_text(e.shape_a)}"
         values = _values(e)
+        if e.values == "close":
+            values = f"values close: {values} (within --atol/--rtol)"
         detail = "dtype changed" + (f"; {values}" if values else "") + (f" ({e.how})" if e.how else "")
     elif st == "shape":
         mark, c, what, detail = "~", RED, f"{e.dtype_a} {shape_text(e.shape_a)} -> {shape_text(e.shape_b)}", \

@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
                         **examples("ckptfs ls model.pth", "ckptfs ls model.pth 'encoder.*' -b   # sizes in bytes",
                                    "ckptfs ls --tree model.pth            # like du", "ckptfs ls --json model.pth | jq ."))
     add_checkpoint_args(sp, limits=True)
-    sp.add_argument("pattern", nargs="*", help="only keys matching these globs (e.g. 'encoder.*')")
+    sp.add_argument("pattern", nargs="*", default=[], help="only keys matching these globs (e.g. 'encoder.*')")
     sp.add_argument("-t", "--tree", action="store_true", help="show a tree split on '.', with subtree sizes")
     sp.add_argument("--json", action="store_true", help="one JSON object per key (the sidecar fields)")
     sp.add_argument("-b", "--bytes", action="store_true", help="sizes in bytes")

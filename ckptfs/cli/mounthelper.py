@@ -28,6 +28,18 @@ from ..errors import CkptfsError, brief, oneline
 MNT_EX_SUCCESS, MNT_EX_USAGE, MNT_EX_FAIL = 0, 1, 32
 TYPES = ("fuse.ckptfs", "ckptfs", "fuse")
 USAGE = "usage: mount.fuse.ckptfs CHECKPOINT MOUNTPOINT [-sfnv] [-o OPTION[,OPTION...]]"
+HELP = f"""{USAGE}
+
+The helper mount(8) runs for `mount -t fuse.ckptfs` and /etc/fstab lines: mounts CHECKPOINT read-only at
+MOUNTPOINT as `ckptfs mount` does and returns once the mount answers. Options as `ckptfs mount -o`
+(docs/cli.md, "Mount options"); -f checks them and mounts nothing.
+
+examples:
+  mount -t fuse.ckptfs /data/model.pth /mnt/model -o ro,allow_other
+  /data/model.pth  /mnt/model  fuse.ckptfs  ro,allow_other,nofail  0 0      # an /etc/fstab line
+  umount /mnt/model
+
+exit status: 0 mounted, 1 wrong usage, 32 the mount failed (the reason on stderr, one line)"""
 
 
 class UsageError(Exception):
@@ -79,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..mount.options import split_options
 
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(HELP)
+        return MNT_EX_SUCCESS
     try:
         source, mountpoint, groups, fake = parse(argv)
     except UsageError as e:

@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
                    "ckptfs stats model.pth --hist fc.weight       # a text histogram of one tensor's values",
                    "ckptfs stats model.pth --hist fc.weight --png fc.png --log   # drawn (pip install 'ckptfs[plot]')"))
     add_checkpoint_args(sp, limits=True)
-    sp.add_argument("pattern", nargs="*", help="only keys matching these globs (e.g. 'encoder.*')")
+    sp.add_argument("pattern", nargs="*", default=[], help="only keys matching these globs (e.g. 'encoder.*')")
     sp.add_argument("--json", action="store_true", help="one JSON object per tensor (non-finite numbers as strings)")
     sp.add_argument("--nonfinite", action="store_true", help="only tensors holding a NaN or an infinity")
     sp.add_argument("--hist", metavar="KEY", help="the histogram of one tensor's finite values")
