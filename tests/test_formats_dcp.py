@@ -146,10 +146,44 @@ def test_load_info_and_check(dcp_checkpoints: Path, tmp_path: Path) -> None:
             assert got == value, path
     r = run_ckptfs("info", str(d))
     assert r.returncode == 0 and "format      dcp (torch.distributed.checkpoint" in r.stdout, r.stderr
-    r = run_ckptfs("check", str(dcp_checkpoints / "w4"))
+    r = run_ckptfs("check", "--trust", str(dcp_checkpoints / "w4"))
     assert r.returncode == 0 and "10 tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
+    r = run_ckptfs("check", str(dcp_checkpoints / "w4"))  # torch's reader unpickles: only with --trust
+    assert r.returncode == 2 and "re-run with --trust" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
     r = run_ckptfs("ls", str(dcp_checkpoints / "w2"))
     assert r.returncode == 0 and "meta.epoch" in r.stdout and "[8, 6]" in r.stdout
+
+
+def test_check_never_lets_torch_run_a_dcp_value_without_trust(tmp_path: Path) -> None:
+    """torch's DCP reader loads byte values with torch.load(weights_only=False): checking such a checkpoint
+    without --trust must not hand it to torch (ls, info and check all leave the marker uncreated)."""
+    import torch.distributed.checkpoint as dcp
+
+    marker = tmp_path / "ran"
+    d = tmp_path / "dcp"
+    dcp.save({"w": torch.ones(3), "cfg": Gadget(str(marker))}, checkpoint_id=str(d), no_dist=True)
+    for args in (("ls",), ("info",), ("check",), ("check", "-v")):
+        r = run_ckptfs(*args, str(d))
+        assert not marker.exists(), args
+    assert r.returncode == 2 and "--trust" in r.stderr
+    # what a user asks for with --trust: torch runs it (the reason the default refuses)
+    run_ckptfs("check", "--trust", str(d))
+    assert marker.exists()
+
+
+def test_check_of_a_dcp_directory_torch_cannot_read_is_one_line(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    """torch raises CheckpointException, a BaseException: still exit 2 with one line, not a traceback."""
+    d = copy(dcp_checkpoints, tmp_path)
+
+    def change(md):
+        for k, v in md.storage_data.items():
+            if k.fqn == "uneven" and list(k.offset) == [0, 0]:
+                v.offset, v.length = v.offset + 3, v.length - 3  # not at the item's start: not a zip there
+
+    edit_metadata(d, change)
+    r = run_ckptfs("check", "--trust", str(d))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "torch.load failed: UnpicklingError" in r.stderr
 
 
 # --- hostile metadata ------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
                     "ckptfs serves with torch's: dtype, shape, requires_grad, Parameter-ness and bytes. Exit status: "
                     "0 every tensor agrees, 1 a mismatch, 2 trouble (torch or ckptfs cannot read the file).",
         **examples("ckptfs check model.pth", "ckptfs check -v model.pth          # a line per tensor",
-                   "ckptfs check --trust scripted.pt   # a TorchScript archive: lets torch run it"))
+                   "ckptfs check --trust scripted.pt   # a TorchScript archive: lets torch run it",
+                   "ckptfs check --trust step_100/     # a DCP checkpoint: torch's reader unpickles it"))
     add_checkpoint_args(sp)
     sp.add_argument("-v", "--verbose", action="store_true", help="a line per key, not only mismatches")
     sp.add_argument("--trust", action="store_true",

@@ -129,6 +129,10 @@ def _member_reference(container: Any, trust: bool) -> Any:
         if is_url(container.name):
             raise CkptfsError("torch's dcp_to_torch_save reads only local directories: copy the checkpoint here "
                               "to check it", file=container.name)
+        if not trust:  # FileSystemReader: pickle.load(.metadata), torch.load(weights_only=False) of byte items
+            raise CkptfsError("a DCP checkpoint: torch reads its .metadata with pickle.load and its values with "
+                              "torch.load(weights_only=False), which run code the files name; re-run with --trust "
+                              "if you trust the files", file=container.name)
         return _dcp_reference(container.name)
     source = container.source
     local = source.region() is not None
@@ -164,6 +168,18 @@ def _group_reference(catalog: Catalog, group: Group, trust: bool) -> Any:
     return out
 
 
+def _cause(e: BaseException) -> BaseException:
+    """DCP's CheckpointException carries each rank's exception with its traceback in its text: the first
+    rank's exception is the reason to show."""
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+    except ImportError:  # a torch built without distributed
+        return e
+    if isinstance(e, CheckpointException) and e.failures:
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
 def load_reference(catalog: Catalog, path: str, trust: bool) -> Any:
     """What the writer's own loader gives: ``torch.load(weights_only=not trust)`` (``mmap`` for zip files),
     ``torch.jit.load`` for a TorchScript archive (only with ``trust``: it runs the archive's code),
@@ -189,9 +205,11 @@ def load_reference(catalog: Catalog, path: str, trust: bool) -> Any:
                                   "(CVE-2025-32434); re-run with --trust if you trust the file", file=catalog.name)
             return torch.jit.load(target, map_location="cpu")
         return torch.load(target, **kwargs)
-    except CkptfsError:
+    except (CkptfsError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as e:  # noqa: BLE001 - torch's refusal is the result here
+    except BaseException as e:  # noqa: BLE001 - torch's refusal is the result here (DCP's CheckpointException
+        # derives from BaseException)
+        e = _cause(e)
         msg = " ".join(str(e).split())[:300]
         hint = "" if trust else " (re-run with --trust to let torch run the pickle, if you trust the file)"
         raise CkptfsError(f"torch.load failed: {type(e).__name__}: {msg}{hint}", file=catalog.name) from None
