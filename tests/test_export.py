@@ -155,6 +155,11 @@ def test_overwrite_only_with_force_and_clear_errors(tmp_path):
     before = p.read_bytes()
     r = run_ckptfs("export", str(p), str(p), "--force")  # over its own source: refused, whatever --force says
     assert r.returncode == 2 and "is the checkpoint being exported" in r.stderr and p.read_bytes() == before
+    parent = tmp_path / "par"
+    parent.mkdir()
+    inner = save(parent / "model.pth", {"w": torch.ones(3)})
+    r = run_ckptfs("export", str(inner), str(parent), "--force")  # --force would delete the source with it
+    assert r.returncode == 2 and "holds the checkpoint being exported" in r.stderr and inner.exists()
     r = run_ckptfs("export", str(p), str(tmp_path / "x"), "--max-shard-size", "lots")
     assert r.returncode == 2 and "not a size" in r.stderr
     assert not [n for n in os.listdir(tmp_path) if ".ckptfs-" in n]  # no temporary file left anywhere
@@ -362,6 +367,28 @@ def test_hf_safetensors_shards(hf_sharded, tmp_path):
         assert got.keys() == everything.keys()
         for k, t in everything.items():
             assert torch.equal(got[k], t), k
+
+
+def test_a_damaged_checkpoint_is_not_exported_as_if_complete(dcp_checkpoints, tmp_path):
+    """A DCP directory whose data file is gone: its tensors cannot be read, so the copy would not be the
+    checkpoint (the view still lists them, as omitted); a directory of checkpoints with a damaged file too."""
+    d = tmp_path / "w2"
+    shutil.copytree(dcp_checkpoints / "w2", d)
+    victim = sorted(d.glob("*.distcp"))[0]
+    victim.unlink()
+    out = tmp_path / "out.safetensors"
+    r = run_ckptfs("export", str(d), str(out))
+    assert r.returncode == 2 and "cannot export: " in r.stderr and "tensors cannot be read" in r.stderr, r.stderr
+    assert victim.name in r.stderr and "nothing was written" in r.stderr and not out.exists()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    save(runs / "epoch_1.pt", {"w": torch.ones(3)})
+    data = save(runs / "epoch_2.pt", {"w": torch.zeros(3)}).read_bytes()
+    (runs / "epoch_2.pt").write_bytes(data[: len(data) // 2])
+    r = run_ckptfs("export", str(runs), str(tmp_path / "runs-out"))
+    assert r.returncode == 2 and "1 file of the directory cannot be opened (epoch_2.pt: " in r.stderr, r.stderr
+    assert not (tmp_path / "runs-out").exists()
+    assert not [n for n in os.listdir(tmp_path) if ".ckptfs-" in n]
 
 
 def test_dcp_directory_with_config_json(dcp_checkpoints, tmp_path):

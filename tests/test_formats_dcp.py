@@ -383,3 +383,65 @@ def test_chunked_tensor_reads_equal_numpy(case, reads) -> None:
     assert t.pread(0, t.size) == want
     for off, n in reads:
         assert t.pread(off, n) == want[off : off + n], (off, n)
+
+
+@st.composite
+def chunk_lists(draw: st.DrawFn):
+    """Any boxes in a small tensor: tilings, overlaps, holes, boxes past the shape, empty boxes."""
+    nd = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 4), min_size=nd, max_size=nd)))
+    boxes = []
+    for _ in range(draw(st.integers(0, 6))):
+        offs = tuple(draw(st.integers(0, s)) for s in shape)
+        sizes = tuple(draw(st.integers(0, s - o + (1 if draw(st.booleans()) and draw(st.booleans()) else 0)))
+                      for s, o in zip(shape, offs))
+        boxes.append((offs, sizes))
+    if draw(st.booleans()):  # often a real tiling: slabs along one dimension, or a grid
+        d = draw(st.integers(0, max(nd - 1, 0)))
+        if nd:
+            cuts = sorted({0, shape[d], *draw(st.sets(st.integers(0, shape[d]), max_size=3))})
+            boxes = [(tuple(c if e == d else 0 for e in range(nd)),
+                      tuple(cuts[i + 1] - c if e == d else shape[e] for e in range(nd)))
+                     for i, c in enumerate(cuts[:-1])]
+            boxes = draw(st.permutations(boxes))
+    return shape, boxes
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=chunk_lists())
+def test_tiling_check_agrees_with_counting_every_element(case) -> None:
+    """check_tiling's verdict (tiles exactly, or not) against numpy counting how many boxes hold each
+    element; its message names an overlap or a hole where there is one."""
+    from ckptfs.container.dcp.chunks import check_tiling
+
+    shape, boxes = case
+    why = check_tiling(shape, boxes)
+    if any(o + z > s for offs, sizes in boxes for o, z, s in zip(offs, sizes, shape)):
+        assert why is not None and "runs past the shape" in why
+        return
+    count = np.zeros(shape, dtype=np.int64)
+    for offs, sizes in boxes:
+        count[tuple(slice(o, o + z) for o, z in zip(offs, sizes))] += 1
+    exact = bool((count == 1).all())
+    assert (why is None) == exact, (shape, boxes, why)
+    if not exact:
+        assert ("overlap" in why) == bool((count > 1).any()) or "hole" in why, why
+
+
+def test_thousands_of_nested_chunks_cost_no_more_than_their_boundaries() -> None:
+    """A metadata file can list 2,000 nested boxes for one tensor (each inside the one before): checking them
+    must not count every box over the whole grid (10 s per tensor before; a hostile file holds hundreds)."""
+    import time
+
+    from ckptfs.container.dcp.chunks import check_tiling
+
+    n = 2000  # 4,000 boundaries per dimension: a grid of 16M cells, within what is checked exactly
+    shape = (2 * n, 2 * n)
+    boxes = [((i, i), (2 * n - 2 * i, 2 * n - 2 * i)) for i in range(n)]
+    t0 = time.perf_counter()
+    why = check_tiling(shape, boxes)
+    assert why is not None and "chunks overlap" in why
+    assert time.perf_counter() - t0 < 5, "the check took as long as counting every box"
+    grid = [((i, j), (1, 1)) for i in range(64) for j in range(64)]  # a 64 x 64 mesh: valid, checked exactly
+    assert check_tiling((64, 64), grid) is None
+    assert "hole" in check_tiling((64, 64), grid[:-1])

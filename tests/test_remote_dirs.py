@@ -215,3 +215,23 @@ def test_a_server_without_listings_says_so(nginx, hf_sharded):
     r = run_ckptfs("ls", url, "--timeout", "5")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no directory listing" in r.stderr and "Secret-Pa55word-77" not in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "bin"])
+def test_export_of_an_s3_model_directory_keeps_its_layout(seaweed, hf_sharded, s3_hf, kind, tmp_path):
+    """An HF model directory on S3 exports as the local one does: safetensors shards with their index and the
+    model files copied along, every tensor as the writers' loaders give the local original."""
+    out = tmp_path / "out"
+    r = run_ckptfs("export", s3_hf[kind], str(out), "--keep-shards", env=seaweed.env())
+    assert r.returncode == 0, r.stderr
+    local = tmp_path / "local"
+    assert run_ckptfs("export", str(hf_sharded[kind]), str(local), "--keep-shards").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in local.iterdir())
+    assert "model.safetensors.index.json" in {p.name for p in out.iterdir()}
+    for name, data in MODEL_FILES.items():
+        assert (out / name).read_bytes() == data, name
+    got = sharded_reference(out)
+    want = sharded_reference(hf_sharded[kind])
+    assert got.keys() == want.keys()
+    for k, t in want.items():
+        assert got[k].dtype == t.dtype and torch.equal(got[k], t), k

@@ -289,3 +289,90 @@ def test_npy_of_a_big_endian_checkpoint(tmp_path, mount):
     for k in ("f", "i"):
         arr = np.load(m / f"{k}.npy", mmap_mode="r")
         assert arr.dtype.byteorder == ">" and np.array_equal(arr, ref[k].numpy()), k
+
+
+# --- what a model directory must not be able to make the view or export do --------------------------------------
+
+
+def _bin_model(d: Path) -> list[str]:
+    torch.manual_seed(1)
+    sd = {f"layers.{i}.weight": torch.randn(32, 16) for i in range(4)}
+    shards = write_hf_bin_shards(d, sd, max_shard_size=3000)
+    assert len(shards) >= 2  # the premise
+    (d / "config.json").write_text("{}\n")
+    return shards
+
+
+def _disagreeing(tmp_path: Path, how: str) -> Path:
+    d = tmp_path / how
+    d.mkdir()
+    shards = _bin_model(d)
+    index_path = d / "pytorch_model.bin.index.json"
+    index = json.loads(index_path.read_text())
+    if how == "key-in-two-shards":  # the second shard holds a key of the first as well
+        second = torch.load(d / shards[1], weights_only=True)
+        first_key = next(k for k, s in index["weight_map"].items() if s == shards[0])
+        torch.save({**second, first_key: torch.zeros(32, 16)}, d / shards[1])
+    elif how == "mapped-to-the-wrong-shard":
+        key = next(k for k, s in index["weight_map"].items() if s == shards[0])
+        index["weight_map"][key] = shards[1]
+        index_path.write_text(json.dumps(index))
+    elif how == "unmapped-key":
+        first = torch.load(d / shards[0], weights_only=True)
+        torch.save({**first, "stray": torch.ones(2)}, d / shards[0])
+    elif how == "shard-symlinked-out":
+        outside = tmp_path / f"{how}-outside.bin"
+        shutil.move(d / shards[1], outside)
+        (d / shards[1]).symlink_to(outside)
+    return d
+
+
+@pytest.mark.parametrize("how", ["key-in-two-shards", "mapped-to-the-wrong-shard", "unmapped-key",
+                                 "shard-symlinked-out"])
+def test_a_bin_index_and_shards_that_disagree_are_refused_by_every_front_end(tmp_path, mount, how):
+    """The view and export read a .bin model directory as ls does: the index cross-checked with its shards,
+    shards opened only inside the directory (one-line error, exit 2, nothing written or mounted)."""
+    d = _disagreeing(tmp_path, how)
+    r = run_ckptfs("ls", str(d))
+    assert r.returncode == 2, r.stdout
+    reason = r.stderr.strip()
+    assert len(reason.splitlines()) == 1 and "pytorch_model" in reason
+    out = tmp_path / f"{how}-out"
+    r = run_ckptfs("export", str(d), str(out))
+    assert r.returncode == 2 and not out.exists()
+    assert r.stderr.strip() == reason  # the same reading, the same words
+    mnt = tmp_path / f"{how}-mnt"
+    mnt.mkdir()
+    r = run_ckptfs("mount", "--view", "safetensors", str(d), str(mnt))
+    try:
+        assert r.returncode == 2 and r.stderr.strip().endswith(reason.split(": ", 1)[1]), r.stderr
+        assert not os.path.ismount(mnt)
+    finally:
+        if os.path.ismount(mnt):
+            run_ckptfs("umount", str(mnt))
+
+
+def test_files_passed_through_never_leave_the_directory(tmp_path, mount):
+    """A model directory's other files are served and copied only if they lie inside it (an HF cache
+    snapshot's links into its blobs/ excepted): a symlink to a file or a directory outside is left out."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "SECRET.txt").write_text("top secret\n")
+    d = tmp_path / "model"
+    d.mkdir()
+    _bin_model(d)
+    (d / "tokenizer.json").symlink_to(outside / "SECRET.txt")
+    (d / "extra").symlink_to(outside)
+    (d / "inside.json").symlink_to(d / "config.json")  # a link that stays inside is fine
+    out = tmp_path / "out"
+    r = run_ckptfs("export", str(d), str(out))
+    assert r.returncode == 0, r.stderr
+    assert "tokenizer.json" not in os.listdir(out) and "extra" not in os.listdir(out)
+    assert (out / "inside.json").read_text() == "{}\n"
+    m = mount(d, "--view", "safetensors")
+    names = os.listdir(m.path)
+    assert "tokenizer.json" not in names and "extra" not in names and "inside.json" in names
+    for root in (out, m.path):
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                assert b"top secret" not in Path(dirpath, f).read_bytes()[:1 << 20], (dirpath, f)

@@ -42,6 +42,7 @@ from ..model.tensors import contiguous_strides
 from ..pickle.nodes import TensorNode
 from ..source import LocalFile
 from ..source.options import RemoteOptions
+from ..source.urls import is_url
 from ..views.model_dir import ModelSource, member_files, open_model, open_passthrough
 from ..views.safetensors import (
     SafetensorsFile,
@@ -130,15 +131,19 @@ def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
     single = dst.endswith(".safetensors") and not os.path.isdir(dst)
     if max_shard_size <= 0:
         raise CkptfsError(f"max_shard_size must be positive (got {max_shard_size})")
-    if isinstance(src, (str, os.PathLike)) and os.path.lexists(dst) and os.path.exists(src) \
-            and os.path.samefile(src, dst):
-        raise CkptfsError("is the checkpoint being exported (choose another destination)", file=dst)
+    if isinstance(src, (str, os.PathLike)) and not is_url(src) and os.path.lexists(dst) and os.path.exists(src):
+        real_src, real_dst = os.path.realpath(src), os.path.realpath(dst)
+        if os.path.samefile(src, dst):
+            raise CkptfsError("is the checkpoint being exported (choose another destination)", file=dst)
+        if real_src.startswith(real_dst.rstrip("/") + "/"):  # --force would delete the source with it
+            raise CkptfsError("holds the checkpoint being exported (choose another destination)", file=dst)
     _check_destination(dst, single, force)
     owned = not isinstance(src, (Catalog, Checkpoint))
     model = open_model(src.catalog if isinstance(src, Checkpoint) else src, strict=strict, limits=limits,
                        storage_options=storage_options, remote=remote)
     try:
         outputs, result = _plan(model, dst, single, max_shard_size, keep_shards)
+        _refuse_damaged(model.catalog)
         _write_all(model, outputs, dst, single, force, verify, progress, result)
     finally:
         if owned:
@@ -148,6 +153,28 @@ def export(src: Target | Catalog | Checkpoint, dst: str | os.PathLike[str], *,
 
 
 # --- what to write -------------------------------------------------------------------------------------------
+
+
+def _refuse_damaged(catalog: Catalog) -> None:
+    """An export is a copy: a tensor that cannot be read, or a file of the directory that could not be opened,
+    fails it (a view lists them; a copy without them would pass for complete)."""
+    index = catalog.index
+    damaged = []
+    for i in index.tensors():
+        t = index.nodes[i]
+        if isinstance(t, TensorNode) and t.error is not None:
+            damaged.append((index.keys[i], t.error))
+    problems = [(name, e.reason) for name, e in catalog.problems]
+    if not damaged and not problems:
+        return
+    if problems:
+        name, why = problems[0]
+        what = f"{len(problems)} file{'s' * (len(problems) > 1)} of the directory cannot be opened ({name}: {why})"
+    else:
+        key, why = damaged[0]
+        what = f"{len(damaged)} tensor{'s' * (len(damaged) > 1)} cannot be read ({oneline(key)}: {why})"
+    raise CkptfsError(f"cannot export: {what}; nothing was written", file=catalog.name)
+
 
 
 def _plan(model: ModelSource, dst: str, single: bool, max_shard_size: int,

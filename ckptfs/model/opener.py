@@ -29,29 +29,36 @@ def open_catalog(target: Target, *, strict: bool = False, limits: Limits = DEFAU
                  storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> Catalog:
     """Open and index ``target``. ``storage_options`` configure remote targets (credentials, endpoints: passed
     to the backend), ``remote`` how they are read (timeout, caches)."""
+    what = resolve(target, storage_options=storage_options, remote=remote)
+    if isinstance(what, Directory):
+        from .directory import open_directory
+
+        return open_directory(what, strict=strict, limits=limits)
+    return Catalog.open(what, strict=strict, limits=limits)
+
+
+def resolve(target: Target, *, storage_options: Mapping[str, object] | None = None,
+            remote: RemoteOptions | None = None) -> ByteSource | Directory | str | os.PathLike[str]:
+    """What ``target`` names: a directory (local or remote), a source (a remote object), or a local file's
+    path (opened by the caller)."""
     if isinstance(target, str) and is_url(target):
-        return _open_url(target, strict=strict, limits=limits, storage_options=storage_options, remote=remote)
+        return _resolve_url(target, storage_options=storage_options, remote=remote)
     if isinstance(target, str):
         target = local_path(target)
     if isinstance(target, (str, os.PathLike)) and os.path.isdir(target):
-        target = LocalDirectory(target)
-    if isinstance(target, Directory):
-        from .directory import open_directory
-
-        return open_directory(target, strict=strict, limits=limits)
-    return Catalog.open(target, strict=strict, limits=limits)
+        return LocalDirectory(target)
+    return target
 
 
-def _open_url(url: str, *, strict: bool, limits: Limits, storage_options: Mapping[str, object] | None,
-              remote: RemoteOptions | None) -> Catalog:
+def _resolve_url(url: str, *, storage_options: Mapping[str, object] | None,
+                 remote: RemoteOptions | None) -> ByteSource | Directory:
     from ..source.remote import NotAFile, NotFound, open_url
     from ..source.remote_directory import RemoteDirectory
-    from .directory import open_directory
 
     if url.endswith("/"):
-        return open_directory(RemoteDirectory(url, storage_options, remote), strict=strict, limits=limits)
+        return RemoteDirectory(url, storage_options, remote)
     try:
-        source = open_url(url, storage_options, remote)
+        return open_url(url, storage_options, remote)
     except (NotFound, NotAFile) as e:
         try:
             directory = RemoteDirectory(url, storage_options, remote)
@@ -60,5 +67,4 @@ def _open_url(url: str, *, strict: bool, limits: Limits, storage_options: Mappin
             raise e from None
         if not listed:
             raise
-        return open_directory(directory, strict=strict, limits=limits)
-    return Catalog.open(source, strict=strict, limits=limits)
+        return directory

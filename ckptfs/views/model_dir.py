@@ -25,22 +25,21 @@ assembly, a directory of checkpoints: :mod:`ckptfs.model.directory`); only the n
 
 from __future__ import annotations
 
-import json
-import os
+import logging
 import re
-import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..container.dcp.checkpoint import is_dcp_directory
 from ..errors import CkptfsError, FormatError, LimitError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..model.catalog import Catalog
-from ..model.directory import member_key
+from ..model.directory import member_key, open_directory
 from ..model.index import DICT, Group
-from ..model.opener import Target, open_catalog
-from ..model.sharded import BIN_INDEX, SAFETENSORS_INDEX
-from ..source import ByteSource, Directory, LocalDirectory, LocalFile
+from ..model.opener import Target, resolve
+from ..model.sharded import BIN_INDEX, SAFETENSORS_INDEX, ShardIndex, cross_check, read_index
+from ..source import ByteSource, Directory, DirEntry
 from ..source.options import RemoteOptions
 from .safetensors import FORMAT_KEY, RESERVED_PREFIX, ROOT_NAME, SafetensorsFile, Selection, select
 
@@ -54,19 +53,19 @@ _ST_WEIGHTS_RE = re.compile(r"^(?P<prefix>model|adapter_model)(?:\.(?P<variant>[
 MAX_PASSTHROUGH = 100_000
 MAX_PASSTHROUGH_DEPTH = 32
 RESERVED = ".ckptfs"
+log = logging.getLogger("ckptfs.views")
 #: Catalog.layout formats of directories (a one-file catalog has no format there)
 _DIRECTORY_FORMATS = ("dcp", "hf-sharded", "directory")
 
 
 @dataclass(frozen=True)
 class PassThrough:
-    """A file of a model directory shown (or copied) as it is."""
+    """A file of a model directory shown (or copied) as it is: opened through its directory (which refuses
+    a path that leaves it), its size as listed (a file that changed size since is refused when opened)."""
 
     path: str  # relative, '/'-separated
-    source: str  # absolute path (symlinks followed when scanned)
     size: int
-    mtime_ns: int
-    ino: tuple[int, int]  # (st_dev, st_ino) when scanned: a file replaced since is refused when opened
+    open: Callable[[], ByteSource]
 
 
 @dataclass(frozen=True)
@@ -110,19 +109,15 @@ class ModelSource:
 def open_model(target: Target | Catalog, *, strict: bool = False, limits: Limits = DEFAULT_LIMITS,
                storage_options: Mapping[str, object] | None = None,
                remote: RemoteOptions | None = None) -> ModelSource:
-    """Open ``target`` (a checkpoint file, a model directory, a URL, a source or a catalog)."""
+    """Open ``target`` (a checkpoint file, a model directory local or remote, a URL, a source or a catalog)."""
     if isinstance(target, Catalog):
-        root = os.path.abspath(target.name)
-        if target.layout.get("format") in _DIRECTORY_FORMATS and os.path.isdir(root):
-            return _model_of_catalog(target, root)  # a directory ckptfs.open opened: named as if opened here
+        if target.layout.get("format") in _DIRECTORY_FORMATS:
+            return _model_of_catalog(target)  # a directory ckptfs.open opened: named as if opened here
         return ModelSource(target, target.name, "file", stem=output_stem(target.name))
-    if isinstance(target, LocalDirectory):
-        target = target.name
-    if not isinstance(target, (ByteSource, Directory)):
-        path = os.fspath(target)
-        if os.path.isdir(path):
-            return _open_directory(path, strict=strict, limits=limits)
-    catalog = open_catalog(target, strict=strict, limits=limits, storage_options=storage_options, remote=remote)
+    what = resolve(target, storage_options=storage_options, remote=remote)
+    if isinstance(what, Directory):
+        return _open_directory(what, strict=strict, limits=limits)
+    catalog = Catalog.open(what, strict=strict, limits=limits)
     return ModelSource(catalog, catalog.name, "file", stem=output_stem(catalog.name))
 
 
@@ -136,67 +131,95 @@ def output_stem(name: str) -> str:
 # --- model directories -------------------------------------------------------------------------------------------
 
 
-def _open_directory(path: str, *, strict: bool, limits: Limits) -> ModelSource:
-    root = os.path.abspath(path)
-    try:
-        names = sorted(os.listdir(root))
-    except OSError as e:
-        raise CkptfsError(e.strerror or str(e), file=root) from None
-    files = [n for n in names if os.path.isfile(os.path.join(root, n))]
+def _open_directory(directory: Directory, *, strict: bool, limits: Limits) -> ModelSource:
+    entries = directory.list("")
+    names = [e.name for e in entries if not e.is_dir]
+    files = [e.name for e in entries if not e.is_dir and not e.refused]
     if not is_dcp_directory(names) and not any(n.endswith(SAFETENSORS_INDEX) for n in files):
-        found = _hf_weights(root, files, limits)
+        found = _hf_weights(directory, entries, limits)
         if found is not None:
-            return _open_hf_weights(root, *found, strict=strict, limits=limits)
+            return _open_hf_weights(directory, found, strict=strict, limits=limits)
     # DCP, safetensors shards (index cross-checked), a directory of checkpoints: ckptfs.open's own reading
-    catalog = open_catalog(root, strict=strict, limits=limits)
+    catalog = open_directory(directory, strict=strict, limits=limits)
     try:
-        return _model_of_catalog(catalog, root)
+        return _model_of_catalog(catalog)
     except BaseException:
         catalog.close()
         raise
 
 
-def _hf_weights(root: str, files: list[str], limits: Limits) -> tuple[list[str], str, str | None] | None:
-    """An HF model directory's weights found by name (as transformers looks for them): (the files, the output
-    prefix, the variant), or None. Shards a ``.bin`` index lists (the plain index before variants: the
-    others are passed through); else one weights file (plain before variants, safetensors before .bin)."""
+@dataclass
+class _Weights:
+    """An HF model directory's weights found by name: the files the view replaces (the index first, if
+    any), the shards, the parsed index, the output prefix and variant."""
+
+    hidden: list[str]
+    shards: list[str]
+    index: ShardIndex | None
+    prefix: str
+    variant: str | None
+
+
+def _hf_weights(directory: Directory, entries: list[DirEntry], limits: Limits) -> _Weights | None:
+    """An HF model directory's weights found by name (as transformers looks for them), or None. Shards a
+    ``.bin`` index lists (the plain index before variants: the others are passed through), read and checked
+    as ``ckptfs.open`` reads them (:mod:`ckptfs.model.sharded`); else one weights file (plain before
+    variants, safetensors before .bin)."""
+    files = [e.name for e in entries if not e.is_dir and not e.refused]
+    refused = {e.path: e.refused for e in entries if e.refused}
     indexes = [n for n in files if _INDEX_RE.match(n)]
     if indexes:
         indexes.sort(key=lambda n: (_INDEX_RE.match(n).group("variant") is not None, n))  # type: ignore[union-attr]
         m = _INDEX_RE.match(indexes[0])
         assert m is not None
-        return [indexes[0], *_shards_of_index(root, indexes[0], limits)], _hf_prefix(m.group("prefix")), \
-            m.group("variant")
+        index = read_index(directory, indexes[0], limits)
+        shown = directory.display(index.path)
+        for shard in index.shards:
+            if shard in refused:
+                raise FormatError(f"refused: the shard {shard}: {refused[shard]}", file=shown)
+            if "/" not in shard and shard not in files:
+                key = next(k for k, v in index.weight_map.items() if v == shard)
+                raise FormatError(f"the shard {shard} that the index maps keys to is missing", file=shown,
+                                  record=key)
+        return _Weights([indexes[0], *index.shards], index.shards, index, _hf_prefix(m.group("prefix")),
+                        m.group("variant"))
     singles = [(n, m) for n in files if (m := _WEIGHTS_RE.match(n) or _ST_WEIGHTS_RE.match(n)) is not None]
     if not singles:
         return None
     singles.sort(key=lambda nm: (nm[1].group("variant") is not None, not nm[0].endswith(".safetensors"), nm[0]))
     name, m = singles[0]
-    return [name], _hf_prefix(m.group("prefix")), m.group("variant")
+    return _Weights([name], [name], None, _hf_prefix(m.group("prefix")), m.group("variant"))
 
 
-def _open_hf_weights(root: str, hidden: list[str], prefix: str, variant: str | None, *, strict: bool,
-                     limits: Limits) -> ModelSource:
-    """The weights (``hidden``: the index, if any, then the shards) merged into one key space."""
-    shards = [n for n in hidden if not _INDEX_RE.match(n)]
+def _open_hf_weights(directory: Directory, weights: _Weights, *, strict: bool, limits: Limits) -> ModelSource:
+    """The weights merged into one key space, the index (if any) cross-checked with the shards."""
     sources: list[tuple[str, ByteSource]] = []
     try:
-        for name in shards:
-            sources.append((name, LocalFile(os.path.join(root, name))))
+        for name in weights.shards:
+            sources.append((name, directory.open(name)))
     except BaseException:
         for _, s in sources:
             s.close()
         raise
-    catalog = Catalog.merge(sources, name=root, flat=True, strict=strict, limits=limits)
-    return ModelSource(catalog, root, "hf", prefix=prefix, variant=variant,
-                       passthrough=scan_passthrough(root, exclude=set(hidden)), hidden=hidden)
+    catalog = Catalog.merge(sources, name=directory.name, flat=True, strict=strict, limits=limits)
+    try:
+        if weights.index is not None:
+            cross_check(catalog, weights.index, directory.display(weights.index.path))
+        hidden = set(weights.hidden)
+        passthrough = scan_passthrough(directory, exclude=hidden)
+    except BaseException:
+        catalog.close()
+        raise
+    return ModelSource(catalog, directory.name, "hf", prefix=weights.prefix, variant=weights.variant,
+                       passthrough=passthrough, hidden=weights.hidden)
 
 
-def _model_of_catalog(catalog: Catalog, root: str) -> ModelSource:
+def _model_of_catalog(catalog: Catalog) -> ModelSource:
     """How a directory catalog (:func:`ckptfs.model.directory.open_directory`) maps to safetensors files;
     its other files are passed through."""
     layout, group = catalog.layout, catalog.group
     fmt = layout.get("format")
+    root = catalog.name
     exclude: set[str] = set()
     if fmt == "dcp":
         model = ModelSource(catalog, root, "dcp")
@@ -217,26 +240,17 @@ def _model_of_catalog(catalog: Catalog, root: str) -> ModelSource:
     else:
         model = ModelSource(catalog, root, "members", parts=member_parts(catalog))
     model.hidden = [m.name for m in catalog.members if m.name]
-    model.passthrough = _files_passthrough(root, catalog, exclude)
+    model.passthrough = _files_passthrough(catalog, exclude)
     return model
 
 
-def _files_passthrough(root: str, catalog: Catalog, exclude: set[str]) -> list[PassThrough]:
+def _files_passthrough(catalog: Catalog, exclude: set[str]) -> list[PassThrough]:
     """The catalog's other files (``Catalog.files``: every file of the directory that is no member, the
     bytes of members that failed to open included) as pass-through files."""
-    out: list[PassThrough] = []
-    for a in catalog.files:
-        if a.path in exclude or a.path.split("/", 1)[0] == RESERVED:
-            continue
-        full = os.path.join(root, *a.path.split("/"))
-        try:
-            s = os.stat(full)
-        except OSError:
-            continue
-        if stat.S_ISREG(s.st_mode):
-            out.append(PassThrough(a.path, os.path.realpath(full), s.st_size, s.st_mtime_ns, (s.st_dev, s.st_ino)))
+    out = [PassThrough(a.path, a.size, a.open) for a in catalog.files
+           if a.path not in exclude and a.path.split("/", 1)[0] != RESERVED]
     if len(out) > MAX_PASSTHROUGH:
-        raise LimitError(f"more than {MAX_PASSTHROUGH} files in the model directory", file=root)
+        raise LimitError(f"more than {MAX_PASSTHROUGH} files in the model directory", file=catalog.name)
     out.sort(key=lambda p: p.path)
     return out
 
@@ -353,78 +367,37 @@ def _hf_prefix(prefix: str) -> str:
     return "model" + prefix[len("pytorch_model"):] if prefix.startswith("pytorch_model") else prefix
 
 
-def _shards_of_index(root: str, name: str, limits: Limits) -> list[str]:
-    """The shard files an HF index names, sorted (as transformers loads them); each must be a plain file
-    name of this directory."""
-    path = os.path.join(root, name)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(limits.max_pickle_bytes + 1)
-    except OSError as e:
-        raise CkptfsError(e.strerror or str(e), file=path) from None
-    if len(raw) > limits.max_pickle_bytes:
-        raise LimitError(f"index over {limits.max_pickle_bytes} bytes", file=path)
-    try:
-        doc = json.loads(raw)
-    except ValueError as e:
-        raise FormatError(f"not valid JSON ({e})", file=path) from None
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise FormatError("no weight_map in the index", file=path)
-    shards = sorted({v for v in weight_map.values() if isinstance(v, str)})
-    if len(shards) != len(set(weight_map.values())):
-        raise FormatError("weight_map values must be file names", file=path)
-    for s in shards:
-        if s in ("", ".", "..") or "/" in s or "\\" in s or "\0" in s:
-            raise FormatError(f"names a shard outside this directory: {s!r}", file=path)
-        if not os.path.isfile(os.path.join(root, s)):
-            raise FormatError(f"names shard {s!r}, which is missing", file=path)
-    return shards
-
-
-def scan_passthrough(root: str, exclude: set[str]) -> list[PassThrough]:
-    """Every regular file under ``root`` (symlinks followed, each directory once), but the names in
-    ``exclude`` (top level) and ckptfs's reserved ``.ckptfs``; sorted by path."""
+def scan_passthrough(directory: Directory, exclude: set[str]) -> list[PassThrough]:
+    """Every file under the directory as its listings give it (entries it refuses, such as symlinks out of
+    it, are left out and logged), but the names in ``exclude`` (top level) and ckptfs's reserved
+    ``.ckptfs``; sorted by path."""
     out: list[PassThrough] = []
-    seen_dirs: set[tuple[int, int]] = set()
-    stack = [("", root, 0)]
+    stack = [("", 0)]
     count = 0
     while stack:
-        rel, path, depth = stack.pop()
-        st = os.stat(path)
-        if (st.st_dev, st.st_ino) in seen_dirs:
-            continue
-        seen_dirs.add((st.st_dev, st.st_ino))
-        try:
-            names = sorted(os.listdir(path))
-        except OSError:
-            continue
-        for name in names:
-            if not rel and (name in exclude or name == RESERVED):
+        path, depth = stack.pop()
+        for e in directory.list(path):
+            if not path and (e.name in exclude or e.name == RESERVED):
                 continue
             count += 1
             if count > MAX_PASSTHROUGH:
-                raise LimitError(f"more than {MAX_PASSTHROUGH} files in the model directory", file=root)
-            full = os.path.join(path, name)
-            try:
-                s = os.stat(full)
-            except OSError:  # a dangling symlink
-                continue
-            sub = f"{rel}/{name}" if rel else name
-            if stat.S_ISDIR(s.st_mode):
+                raise LimitError(f"more than {MAX_PASSTHROUGH} files in the model directory", file=directory.name)
+            if e.refused:
+                log.info("%s: not passed through: %s", directory.display(e.path), e.refused)
+            elif e.is_dir:
                 if depth + 1 < MAX_PASSTHROUGH_DEPTH:
-                    stack.append((sub, full, depth + 1))
-            elif stat.S_ISREG(s.st_mode):
-                out.append(PassThrough(sub, os.path.realpath(full), s.st_size, s.st_mtime_ns, (s.st_dev, s.st_ino)))
+                    stack.append((e.path, depth + 1))
+            else:
+                out.append(PassThrough(e.path, e.size, partial(directory.open, e.path)))
     out.sort(key=lambda p: p.path)
     return out
 
 
-def open_passthrough(p: PassThrough) -> LocalFile:
-    """Open a pass-through file, refusing one that changed since the directory was scanned."""
-    f = LocalFile(p.source)
-    st = os.fstat(f.fd)
-    if (st.st_dev, st.st_ino) != p.ino or st.st_size != p.size or st.st_mtime_ns != p.mtime_ns:
+def open_passthrough(p: PassThrough) -> ByteSource:
+    """Open a pass-through file, refusing one whose size changed since the directory was listed."""
+    f = p.open()
+    if f.size != p.size:
         f.close()
-        raise CkptfsError("the file changed since the model directory was opened", file=p.source)
+        raise CkptfsError(f"the file changed since the model directory was opened ({p.size} bytes then, "
+                          f"{f.size} now)", file=f.name)
     return f

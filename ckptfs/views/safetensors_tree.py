@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..model.extents import Content, ContentHandle, source_range
-from ..source import LocalFile
+from ..source import ByteSource
 from .model_dir import RESERVED, ModelSource, PassThrough, member_files, open_passthrough
 from .namespace import DIR, FILE
 from .safetensors import SafetensorsFile, index_name, plan_members, select
@@ -42,7 +42,7 @@ class _OwnedHandle(ContentHandle):
 
     __slots__ = ("file",)
 
-    def __init__(self, content: Content, file: LocalFile, verify: bool) -> None:
+    def __init__(self, content: Content, file: ByteSource, verify: bool) -> None:
         super().__init__(content, verify)
         self.file = file
 
