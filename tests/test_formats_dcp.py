@@ -313,6 +313,24 @@ def test_missing_data_file_and_unknown_transform(dcp_checkpoints: Path, tmp_path
         assert ckpt.read("model.rep") == torch_bytes(torch.arange(5, dtype=torch.int64))
 
 
+def test_data_files_gone_or_linked_out_say_so(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    gone = copy(dcp_checkpoints, tmp_path, "w1")
+    for f in gone.glob("*.distcp"):
+        f.unlink()
+    with pytest.raises(FormatError, match=r"a DCP \.metadata with no \*\.distcp data file beside it"):
+        ckptfs.open(gone)
+    linked = copy(dcp_checkpoints, tmp_path / "l", "w1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for f in linked.glob("*.distcp"):
+        f.rename(elsewhere / f.name)
+        f.symlink_to(elsewhere / f.name)
+    with ckptfs.open(linked) as ckpt:
+        tensors = ckpt.tensor_keys()
+        assert tensors and all("refused: a symlink leads outside the directory" in ckpt.meta(k).error
+                               for k in tensors)
+
+
 def test_planner_data_through_a_value_and_metadata_over_the_limit(dcp_checkpoints: Path, tmp_path: Path) -> None:
     d = copy(dcp_checkpoints, tmp_path)
     order = list(FileSystemReader(d).read_metadata().state_dict_metadata)

@@ -149,6 +149,12 @@ HOSTILE = {
     "metadata-not-strings": (st_bytes({"a": F32_2, "__metadata__": {"x": 1}}, bytes(8)), "not an object of strings"),
     "field-twice": (st_bytes(raw=b'{"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}}',
                              data=bytes(8)), "'dtype' appears twice"),
+    "nan-in-an-ignored-field": (st_bytes(raw=b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":NaN}}',
+                                         data=bytes(8)), "NaN is not JSON"),
+    "infinity-in-an-ignored-field": (st_bytes(raw=b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],'
+                                              b'"x":-Infinity}}', data=bytes(8)), "-Infinity is not JSON"),
+    "number-out-of-range": (st_bytes(raw=b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1e999}}',
+                                     data=bytes(8)), "number out of range"),
     "lone-surrogate-name": (st_bytes(raw=b'{"\\udc80":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
                                      data=bytes(8)), "lone surrogate"),
 }

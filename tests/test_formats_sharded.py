@@ -165,6 +165,22 @@ def test_a_shard_symlinked_out_of_the_directory_is_refused(hf_sharded: dict[str,
     assert f"the shard {shard}: a symlink leads outside the directory" in str(e.value)
 
 
+def test_a_shard_in_a_subdirectory_symlinked_out_is_refused_not_missing(tmp_path: Path) -> None:
+    d, outside = tmp_path / "m", tmp_path / "outside"
+    d.mkdir()
+    outside.mkdir()
+    save_file({"a": torch.ones(2)}, outside / "s1.safetensors")
+    (d / "sub").symlink_to(outside)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "sub/s1.safetensors"}}))
+    with pytest.raises(FormatError) as e:
+        ckptfs.open(d)
+    assert "the shard sub/s1.safetensors that the index maps keys to is refused: a symlink leads outside" \
+        in str(e.value)
+    (d / "sub").unlink()
+    with pytest.raises(FormatError, match="the shard sub/s1.safetensors that the index maps keys to is missing"):
+        ckptfs.open(d)
+
+
 def test_a_safetensors_index_naming_a_pickle_is_refused(hf_sharded: dict[str, Path], tmp_path: Path) -> None:
     """A shard named .safetensors that is a torch.save pickle (an index's extension confusion)."""
     index, doc = copy(hf_sharded["safetensors"], tmp_path / "m")

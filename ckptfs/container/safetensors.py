@@ -64,6 +64,17 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")  # Python's json takes NaN and Infinity; the library does not
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return v
+
+
 def _uint(v: object) -> bool:
     return type(v) is int and 0 <= v < U64
 
@@ -118,7 +129,7 @@ class SafetensorsFile:
         except UnicodeDecodeError as e:
             raise self._fail(f"header is not UTF-8 (byte {e.start})") from None
         try:
-            doc = json.loads(text, object_pairs_hook=_pairs)
+            doc = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
         except _Duplicate as e:
             raise self._fail(f"{e.args[0]!r} appears twice in one object of the header (readers disagree on "
                              "which one is meant)") from None

@@ -98,6 +98,10 @@ def open_directory(directory: Directory, *, strict: bool = False, limits: Limits
     plan = _Plan(directory, limits)
     group, layout = _walk(plan, "", 0)
     if group is None or not plan.openers:
+        top = [e.name for e in directory.list("") if not e.is_dir]
+        if metadata_files(top):
+            raise FormatError(f"a DCP {metadata_files(top)[0]} with no *.distcp data file beside it (an incomplete "
+                              "DCP checkpoint)", file=directory.name)
         raise FormatError("no checkpoint in this directory (no DCP .metadata, no *.index.json, no "
                           f"{', '.join(CHECKPOINT_SUFFIXES)} files)", file=directory.name)
     tolerant = layout["format"] == "directory"
@@ -131,7 +135,8 @@ def _walk(plan: _Plan, path: str, depth: int) -> tuple[Group | None, dict[str, A
     files = [e for e in entries if not e.is_dir]
     names = [e.name for e in files]
     where = path or "."
-    if is_dcp_directory(names):
+    refused_here = [e.name for e in plan.refused if e.path == (f"{path}/{e.name}" if path else e.name)]
+    if is_dcp_directory(names + refused_here):  # (a refused .distcp: its chunks say why they cannot be read)
         m = plan.add_dcp_member(path)
         dcp_files = set(metadata_files(names))
         plan.files += [e for e in files if e.name not in dcp_files and not e.name.endswith(".distcp")]
@@ -184,10 +189,12 @@ def _sharded(plan: _Plan, path: str, entries: list[DirEntry], index_files: list[
         for shard in index.shards:
             if shard in refused:
                 raise FormatError(f"refused: the shard {shard}: {refused[shard]}", file=plan.directory.display(e.path))
-            if shard not in available and not _exists(plan.directory, shard):
-                key = next(k for k, s in index.weight_map.items() if s == shard)
-                raise FormatError(f"the shard {shard} that the index maps keys to is missing",
-                                  file=plan.directory.display(e.path), record=key)
+            if shard not in available:
+                why = _cannot_open(plan.directory, shard)
+                if why is not None:
+                    key = next(k for k, s in index.weight_map.items() if s == shard)
+                    raise FormatError(f"the shard {shard} that the index maps keys to {why}",
+                                      file=plan.directory.display(e.path), record=key)
             sub.flat.append(plan.add_file_member(DirEntry(shard, sizes.get(shard, 0), False)))
             consumed.add(shard)
         plan.indexes.append(index)
@@ -203,15 +210,18 @@ def _sharded(plan: _Plan, path: str, entries: list[DirEntry], index_files: list[
     return group, layout
 
 
-def _exists(directory: Directory, path: str) -> bool:
-    """A shard in a subdirectory (not in the top listing): whether it opens."""
+def _cannot_open(directory: Directory, path: str) -> str | None:
+    """A shard not in the top listing (in a subdirectory): None if it opens, else why not ("is missing", or
+    the directory's refusal: a symlink out of it ...)."""
     if "/" not in path:
-        return False
+        return "is missing"
     try:
         directory.open(path).close()
+    except FormatError as e:
+        return f"is {e.reason}" if e.reason.startswith("refused") else "is missing"
     except CkptfsError:
-        return False
-    return True
+        return "is missing"
+    return None
 
 
 def _all_files(plan: _Plan, dirs: list[DirEntry], depth: int) -> list[DirEntry]:

@@ -113,7 +113,8 @@ class DcpCheckpoint:
         self.prefix = path.rstrip("/") + "/" if path else ""
         self.name = directory.display(path)
         listing = directory.list(path)
-        self.file_sizes = {e.name: e.size for e in listing if not e.is_dir}
+        self.file_sizes = {e.name: e.size for e in listing if not e.is_dir and not e.refused}
+        self.refused = {e.name: e.refused for e in listing if not e.is_dir and e.refused}  # name -> why
         names = metadata_files(list(self.file_sizes))
         if not names:
             raise FormatError("no .metadata file (not a DCP checkpoint)", file=self.name)
@@ -166,6 +167,9 @@ class DcpCheckpoint:
             if info is None:
                 return f"the chunk at offsets {list(c.offsets)} has no storage entry"
             size = self.file_sizes.get(info.relative_path)
+            refused = self.refused.get(info.relative_path)
+            if refused is not None:
+                return f"the chunk at offsets {list(c.offsets)} is in {info.relative_path}, refused: {refused}"
             if size is None or "/" in info.relative_path:
                 return f"the chunk at offsets {list(c.offsets)} is in {info.relative_path!r}, which is not a file here"
             if info.offset + info.length > size:
@@ -230,6 +234,9 @@ class DcpCheckpoint:
             try:
                 if info is None:
                     raise self._fail("the value has no storage entry", record=fqn)
+                if info.relative_path in self.refused:
+                    raise self._fail(f"the value is in {info.relative_path}, refused: "
+                                     f"{self.refused[info.relative_path]}", record=fqn)
                 if info.relative_path not in self.file_sizes:
                     raise self._fail(f"the value is in {info.relative_path!r}, which is not a file here", record=fqn)
                 z = TorchZip(item_source(self.file(info.relative_path), info, fqn), self.limits)
