@@ -127,6 +127,39 @@ def test_credentials_never_show(mount, nginx, served, tmp_path):
             assert secret not in text, f"{secret!r} shows in {where}: {text[:300]}"
 
 
+@pytest.mark.parametrize("how", ["mount.fuse.ckptfs", "ckptfs SRC MNT -o"])
+def test_credentials_never_show_through_mount8_s_helpers(nginx, served, tmp_path, how):
+    """mount(8) runs `mount.fuse.ckptfs SRC MNT -o OPTS` (or mount.fuse3 runs `ckptfs SRC MNT -o OPTS`): the
+    daemon forked from that process must not keep the URL's password in its command line either."""
+    import subprocess
+    import sys
+
+    url = nginx.url(f"private/{NAME}", auth=(nginx.USER, nginx.PASSWORD))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if how == "mount.fuse.ckptfs":
+        cmd = [os.path.join(os.path.dirname(sys.executable), "mount.fuse.ckptfs"), url, str(mnt), "-o", "ro"]
+    else:
+        cmd = [sys.executable, "-m", "ckptfs.cli", url, str(mnt), "-o", "ro"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert (mnt / "mid").read_bytes() == torch_bytes(served.expected["mid"])
+        daemons = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(mnt) in cmdline and pid != str(os.getpid()):
+                daemons.append(cmdline)
+        assert daemons, "no daemon serves the mount"
+        for cmdline in daemons:
+            assert nginx.PASSWORD not in cmdline and nginx.url(f"private/{NAME}") in cmdline, cmdline
+    finally:
+        run_ckptfs("umount", str(mnt))
+
+
 def test_listing_a_mount_costs_no_request(mount, nginx, served):
     """`ls -l`, `du`, `find`: sizes come from the index; a tensor's local header is read with its bytes."""
     m = mount(served.url)

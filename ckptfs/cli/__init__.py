@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if looks_like_helper_call(argv, COMMAND_NAMES):  # mount.fuse3 runs `ckptfs SRC MNT -o OPTS`
-        return mounthelper.main(argv)
+        return mounthelper.main(argv, own=own_argv)
     args, extra = parser.parse_known_args(argv)
     if extra:  # patterns after options (`ckptfs ls CKPT --json 'enc.*'`) are patterns; anything else is an error
         if isinstance(getattr(args, "pattern", None), list) and not any(x.startswith("-") for x in extra):

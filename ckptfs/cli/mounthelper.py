@@ -86,10 +86,14 @@ def parse(argv: Sequence[str]) -> tuple[str, str, list[str], bool]:
     return positional[0], positional[1], groups, fake
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, own: bool | None = None) -> int:
+    """``own``: ``argv`` are this process's own arguments (so are None's): credentials in them are taken out
+    of the process list once parsed, as every ckptfs command does (the daemon is a fork of this process)."""
     from ..mount.daemon import MountRequest, mount, parse_options
     from ..mount.options import split_options
+    from .proctitle import scrub_if_needed
 
+    own = argv is None if own is None else own
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(HELP)
@@ -106,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             options = {"ro": True, **options}
         split_options(options)  # every value checked before anything is done (and for mount -f)
+        if own:
+            scrub_if_needed()
         if fake:
             return MNT_EX_SUCCESS
         mount(MountRequest(source, mountpoint, options))
