@@ -70,6 +70,33 @@ def test_mount_s3_and_no_secret_in_the_process_list(mount, s3obj, seaweed):
         assert seaweed.secret_key not in text
 
 
+def test_an_fstab_style_mount_takes_every_remote_option_as_o(mount, s3obj, seaweed, tmp_path):
+    """An /etc/fstab line has only -o: the backend's options (storage.KEY=VALUE), the timeout and the caches
+    go there; secrets are masked in the process list and mount.json as --storage-option's are."""
+    env = {k: v for k, v in s3obj.env.items() if not k.startswith("AWS_")}
+    cache = tmp_path / "cache"
+    opts = ",".join([f"storage.endpoint_url={seaweed.endpoint}", f"storage.key={seaweed.access_key}",
+                     f"storage.secret={seaweed.secret_key}", "storage.client_kwargs.region_name=us-east-1",
+                     "timeout=7", f"cache_dir={cache}", "cache_size=1G", "memory_cache=64M"])
+    m = mount(s3obj.url, "-o", opts, env=env)
+    for key, t in s3obj.expected.items():
+        assert m.path.joinpath(*key.split(".")).read_bytes() == torch_bytes(t), key
+    info = json.loads((m.path / ".ckptfs" / "mount.json").read_text())
+    assert info["remote"]["timeout"] == 7 and info["remote"]["cache_dir"] == str(cache)
+    assert info["remote"]["memory_cache"] == 64 << 20 and info["remote"]["cache_size"] == 1 << 30
+    assert sorted(info["storage_options"]) == ["client_kwargs", "endpoint_url", "key", "secret"]
+    assert any(cache.rglob("*")), "the disk cache was not used"
+    cmdline = Path(f"/proc/{m.pid}/cmdline").read_bytes().decode(errors="replace")
+    assert "storage.secret=***" in cmdline and f"storage.endpoint_url={seaweed.endpoint}" in cmdline, cmdline
+    for text in (cmdline, m.log.read_text(), (m.path / ".ckptfs" / "mount.json").read_text()):
+        assert seaweed.secret_key not in text
+    local = save(tmp_path / "local.pth", {"w": torch.ones(2)})
+    r = run_ckptfs("mount", str(local), str(tmp_path), "-o", "timeout=3")
+    assert r.returncode == 2 and "options of remote checkpoints (URLs)" in r.stderr
+    r = run_ckptfs("mount", s3obj.url, str(tmp_path), "-o", "timeout=soon", env=env)
+    assert r.returncode == 2 and "-o timeout 'soon': expected a number" in r.stderr
+
+
 def test_an_object_replaced_while_open_is_refused(s3obj, seaweed, tmp_path):
     key = "ckpts/s3-replaced.pth"
     sd = remote_state_dict()

@@ -79,22 +79,9 @@ def add_remote_args(sp: argparse.ArgumentParser) -> None:
                    help=f"fetched bytes kept in memory per object; default {RemoteOptions.memory_cache >> 20}M")
 
 
-def parse_size(text: str, what: str) -> int:
-    """``256M`` -> 268435456 (K/M/G/T suffixes, powers of 1024)."""
-    t = text.strip()
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:].lower(), 1)
-    try:
-        value = int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise CkptfsError(f"{what} {text!r}: expected a size such as 512M or 10G") from None
-    if value < 0:
-        raise CkptfsError(f"{what} {text!r}: a size cannot be negative")
-    return value
-
-
 def remote_from(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
     """``(storage_options, RemoteOptions)`` from the remote options (None, None when none was given)."""
-    from ..source.options import RemoteOptions
+    from ..source.options import RemoteOptions, parse_size, set_storage_option
 
     options: dict[str, Any] | None = None
     for item in getattr(args, "storage_option", None) or []:
@@ -103,14 +90,7 @@ def remote_from(args: argparse.Namespace) -> tuple[dict[str, Any] | None, Any]:
         if not eq or not key:
             raise CkptfsError(f"--storage-option {key or item!r}: expected KEY=VALUE")
         options = {} if options is None else options
-        node = options
-        *parents, last = key.split(".")
-        for p in parents:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise CkptfsError(f"--storage-option {key}: {p} is already set to a value")
-            node = child
-        node[last] = {"true": True, "false": False}.get(value.strip().lower(), value)
+        set_storage_option(options, key, value, f"--storage-option {key}")
     fields: dict[str, Any] = {}
     if getattr(args, "timeout", None) is not None:
         fields["timeout"] = args.timeout

@@ -1,7 +1,7 @@
 """Credentials out of the process list: rewrite this process's command line as other users see it.
 
 ``/proc/<pid>/cmdline`` (what ``ps`` shows to every user) is the memory that held ``argv`` when the process
-started. A URL with ``user:password@`` or a signed query, or ``--storage-option secret=...``, would stay
+started. A URL with ``user:password@`` or a signed query, ``--storage-option secret=...`` or ``-o storage.secret=...``, would stay
 there for the life of a mount daemon (a fork of ``ckptfs mount ...``). :func:`scrub_cmdline` writes the
 redacted arguments over it, as setproctitle does. Linux only; elsewhere it does nothing.
 """
@@ -9,6 +9,7 @@ redacted arguments over it, as setproctitle does. Linux only; elsewhere it does 
 from __future__ import annotations
 
 import os
+import re
 
 from ..source.urls import is_url, redact_url, secret_name
 
@@ -20,14 +21,28 @@ def _mask_option(item: str) -> str:
     return f"{key}=***" if eq and (secret_name(key) or "header" in key.lower()) else item
 
 
+def _mask_group(group: str) -> str:
+    """A ``-o`` group with the values of credential-like ``storage.KEY=VALUE`` options masked."""
+    parts = re.split(r"(?<!\\),", group)
+    return ",".join("storage." + _mask_option(p[len("storage."):]) if p.startswith("storage.") else p for p in parts)
+
+
 def redacted_args(args: list[str]) -> list[str]:
     """The arguments with URLs redacted and credential-like ``--storage-option`` values masked."""
     out = []
-    flag_before = False
+    flag_before = group_before = False
     for a in args:
         if flag_before:
             out.append(_mask_option(a))
             flag_before = False
+        elif group_before:
+            out.append(_mask_group(a))
+            group_before = False
+        elif a == "-o":
+            out.append(a)
+            group_before = True
+        elif a.startswith("-o") and "storage." in a:
+            out.append("-o" + _mask_group(a[2:]))
         elif a in SECRET_FLAGS:
             out.append(a)
             flag_before = True

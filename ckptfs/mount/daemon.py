@@ -29,9 +29,9 @@ from typing import Any, Callable, NamedTuple
 
 from .._version import __version__
 from ..errors import CkptfsError
-from ..source.options import RemoteOptions
+from ..source.options import RemoteOptions, with_fields
 from ..source.urls import is_url, local_path
-from .options import become, split_options
+from .options import STORAGE_PREFIX, become, merge_storage, split_options
 
 log = logging.getLogger("ckptfs.mount")
 
@@ -266,6 +266,13 @@ def mount(req: MountRequest) -> None:
         raise MountError(e.reason) from None
     if opts.setuid:  # as mount.fuse3's setuid=USER: the user owns the mount (and reads the checkpoint)
         become(opts.setuid)
+    if opts.remote or opts.storage:  # -o timeout=, storage.KEY=... (an /etc/fstab line has nothing else)
+        if not remote:
+            given = sorted([*opts.remote, *(STORAGE_PREFIX + k for k in opts.storage)])
+            raise MountError(f"-o {', '.join(given)}: options of remote checkpoints (URLs), not of a local file")
+        storage = merge_storage(req.storage_options, opts.storage)
+        req = dataclasses.replace(req, storage_options=storage or None,
+                                  remote=with_fields(req.remote, opts.remote))
     options = opts.fuse
     log_option = req.log or opts.log
     foreground = bool(req.foreground or debug and not log_option)
@@ -295,7 +302,8 @@ def mount(req: MountRequest) -> None:
         splice = splice_wanted(fuse, fuse_opts)  # reads answered by splicing the checkpoint's pages
         info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
                                 "libfuse": library_version(fuse), "threads": threads, "splice": splice,
-                                "options": req.options, "view": req.view, "ckptfs": __version__}
+                                "options": {k: "***" if k.startswith(STORAGE_PREFIX) else v for k, v in req.options.items()},
+                                "view": req.view, "ckptfs": __version__}
         if remote:  # how it is read; of the storage options only their names (values may be credentials)
             info["remote"] = dataclasses.asdict(req.remote or RemoteOptions())
             info["storage_options"] = sorted(req.storage_options or {})

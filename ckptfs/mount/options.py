@@ -9,6 +9,10 @@
   name: the owner every file shows) and ``umask=`` (octal: permission bits taken away from the read-only modes
   0444 / 0555, e.g. 027: files 0440, directories 0550), ``setuid=USER`` (as root: run as USER, who then owns
   the mount, as mount.fuse3's option does);
+* remote checkpoints' (as ``ckptfs mount``'s options of the same names; docs/remote.md): ``timeout=SECONDS``,
+  ``cache_dir=DIR``, ``cache_size=SIZE``, ``memory_cache=SIZE``, ``max_concurrency=N``, and
+  ``storage.KEY=VALUE`` for the URL's backend (``--storage-option KEY=VALUE``: ``storage.endpoint_url=...``,
+  ``storage.anon=true``); they apply over the command's own;
 * ``ro`` is the default and ``rw`` is refused;
 * everything else goes to FUSE (``allow_other``, ``allow_root``, ``default_permissions``, ``max_read=``,
   ``nosuid``, ``nodev``, ``noexec``, ...).
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CkptfsError
+from ..source.options import REMOTE_TEXT_FIELDS, remote_field, set_storage_option
 
 #: decided by mount(8) / systemd before a helper runs: never passed to FUSE
 MOUNT8_ONLY = frozenset({"noauto", "auto", "user", "users", "nouser", "owner", "group", "nofail", "_netdev",
@@ -30,6 +35,8 @@ MOUNT8_ONLY = frozenset({"noauto", "auto", "user", "users", "nouser", "owner", "
 MOUNT8_PREFIXES = ("x-", "comment=")
 #: ckptfs's own
 CKPTFS_OPTIONS = frozenset({"strict", "threads", "log", "uid", "gid", "umask", "setuid"})
+#: ``-o storage.KEY=VALUE``: an option of a remote checkpoint's backend
+STORAGE_PREFIX = "storage."
 #: mount.fuse3's options that ckptfs cannot honour
 UNSUPPORTED = {"drop_privileges": "ckptfs opens /dev/fuse through libfuse itself; use setuid=USER to run as a user"}
 
@@ -44,6 +51,8 @@ class MountOptions:
     gid: int | None = None
     umask: int = 0
     setuid: str | None = None
+    remote: dict[str, Any] = field(default_factory=dict)  # RemoteOptions fields
+    storage: dict[str, Any] = field(default_factory=dict)  # storage options (credentials: never shown)
     ignored: list[str] = field(default_factory=list)  # mount(8)'s options, for the log
 
 
@@ -95,12 +104,30 @@ def split_options(options: dict[str, Any]) -> MountOptions:
                 raise CkptfsError(f"-o umask={value}: expected octal permission bits, e.g. 027") from None
             if not 0 <= out.umask <= 0o777:
                 raise CkptfsError(f"-o umask={value}: expected octal permission bits, e.g. 027")
+        elif name in REMOTE_TEXT_FIELDS:
+            if value is True:
+                raise CkptfsError(f"-o {name}=VALUE: give the value")
+            out.remote[name] = remote_field(name, str(value), f"-o {name}")
+        elif name.startswith(STORAGE_PREFIX):
+            key = name[len(STORAGE_PREFIX):]
+            if not key or value is True:
+                raise CkptfsError(f"-o {STORAGE_PREFIX}KEY=VALUE: a backend option and its value "
+                                  f"(e.g. {STORAGE_PREFIX}endpoint_url=http://host:9000)")
+            set_storage_option(out.storage, key, str(value), f"-o {STORAGE_PREFIX}{key}")
         elif name == "setuid":
             if value is True or not value:
                 raise CkptfsError("-o setuid=USER: give the user")
             out.setuid = str(value)
         else:
             out.fuse[name] = value
+    return out
+
+
+def merge_storage(base: dict[str, Any] | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """Storage options ``base`` with ``extra`` set over them (nested options merged key by key)."""
+    out: dict[str, Any] = dict(base or {})
+    for k, v in extra.items():
+        out[k] = merge_storage(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
