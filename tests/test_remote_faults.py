@@ -93,6 +93,27 @@ def test_mount_survives_the_server_going_away_and_coming_back(mount, own_nginx, 
 
 
 @pytest.mark.mount
+def test_a_stalled_server_under_a_mount_fails_a_read_after_the_timeout_not_twice_it(mount, nginx, served,
+                                                                                    proxy):
+    """The kernel reads a page again at once when its read-ahead failed: that second read must not wait a
+    whole --timeout again (EIO after about --timeout); the mount then reads again once the server is back."""
+    p = proxy(nginx.port)
+    timeout = 3.0
+    m = mount(p.url(NAME), "--timeout", str(timeout))
+    assert (m.path / "mid").read_bytes() == torch_bytes(served["mid"])
+    p.stall = True
+    t0 = time.monotonic()
+    with open(m.path / "big", "rb") as f, pytest.raises(OSError) as e:
+        os.pread(f.fileno(), 1 << 20, 4 << 20)  # (past the object's first MiB, fetched when it was opened)
+    took = time.monotonic() - t0
+    assert e.value.errno == errno.EIO
+    assert timeout * 0.9 < took < timeout * 1.6, f"EIO after {took:.1f} s with --timeout {timeout:g}"
+    p.stall = False
+    time.sleep(0.2)
+    assert (m.path / "big").read_bytes() == torch_bytes(served["big"])
+
+
+@pytest.mark.mount
 def test_an_object_replaced_under_a_mount_gives_eio(mount, nginx, expected):
     path, tensors = expected
     name = "faults-replaced.pth"

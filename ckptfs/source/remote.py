@@ -57,6 +57,8 @@ MAX_WINDOW = 64 << 20
 PART = 8 << 20  # a window is fetched as parallel requests of at most this many bytes
 DIRECT_MIN = 4 << 20  # reads at least this large go straight into the caller's buffer
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 2.0
+FAILED_FOR = 5.0  # seconds after a fetch gave up during which a read of its bytes gets only RETRY_SOON
+RETRY_SOON = 0.5
 
 T = TypeVar("T")
 
@@ -98,12 +100,13 @@ class NotAFile(RemoteError):
 
 
 class Deadline:
-    """A time budget: ``remaining()`` seconds are left of ``seconds``."""
+    """A time budget: ``remaining()`` seconds are left of ``seconds``; ``why`` says why it is not --timeout."""
 
-    __slots__ = ("seconds", "start", "end")
+    __slots__ = ("seconds", "start", "end", "why")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, why: str = "") -> None:
         self.seconds = seconds
+        self.why = why
         self.start = time.monotonic()
         self.end = self.start + seconds
 
@@ -175,6 +178,10 @@ class RemoteSource:
         self._validated = time.monotonic()
         self._identity = Identity("remote", (info.etag, info.last_modified), info.size, info.modified_ns)
         self._blocks = BlockCache(BLOCK, options.memory_cache)
+        # blocks whose fetch gave up (server down or stalled) -> until when a read of them gets only
+        # RETRY_SOON seconds (the kernel reads a page again at once when its read-ahead failed: EIO after
+        # --timeout, not twice that; a server that is back answers within that time)
+        self._failed: dict[int, float] = {}
         max_window = min(MAX_WINDOW, max(INITIAL_WINDOW, options.memory_cache // 3))
         self._readahead = Readahead(self.size, BLOCK, INITIAL_WINDOW, max_window, PART)
         self._disk: DiskCache | None = None
@@ -210,11 +217,11 @@ class RemoteSource:
         if n == 0:
             return 0
         view = buf[:n] if n != len(buf) else buf
-        deadline = Deadline(self.options.timeout)
+        first, last = offset // BLOCK, (offset + n - 1) // BLOCK
+        deadline = self._deadline(first, last) if self._failed else Deadline(self.options.timeout)
         if n >= DIRECT_MIN:
             self._read_direct(view, offset, deadline)
             return n
-        first, last = offset // BLOCK, (offset + n - 1) // BLOCK
         ahead, behind = self._readahead.on_read(offset, n)
         need = self._blocks.claim(range(first, last + 1))
         if ahead is not None:
@@ -317,10 +324,37 @@ class RemoteSource:
             self._check_usable()
             if deadline.remaining() <= 0:
                 raise RemoteError(f"{self._where(idx * BLOCK, BLOCK)}: timed out after "
-                                  f"{self.options.timeout:g} s", file=self.name)
+                                  f"{deadline.seconds:g} s{'; ' + deadline.why if deadline.why else ''}",
+                                  file=self.name)
             mine = self._blocks.claim([idx])
             if mine:
                 self._fetch(mine, deadline)
+
+    def _deadline(self, first: int, last: int) -> Deadline:
+        """The time a read of blocks ``[first, last]`` gets: ``RETRY_SOON`` if one of them gave up moments ago
+        (and is not cached since), else ``timeout``."""
+        now = time.monotonic()
+        soon = False
+        with self._lock:
+            for idx, until in list(self._failed.items()):
+                if until <= now:
+                    del self._failed[idx]
+                elif first <= idx <= last and not self._blocks.cached(idx):
+                    soon = True
+        if soon and RETRY_SOON < self.options.timeout:
+            return Deadline(RETRY_SOON, f"these bytes gave up less than {FAILED_FOR:g} s ago: tried again for "
+                                        f"{RETRY_SOON:g} s")
+        return Deadline(self.options.timeout)
+
+    def _gave_up(self, idxs: list[int], e: BaseException) -> None:
+        if not isinstance(e, RemoteError) or isinstance(e, (NotFound, NotAFile)):
+            return
+        until = time.monotonic() + FAILED_FOR
+        with self._lock:
+            if len(self._failed) > 4096:
+                self._failed.clear()
+            for idx in idxs:
+                self._failed[idx] = until
 
     def _where(self, offset: int, n: int) -> str:
         return f"reading bytes {offset}-{min(offset + n, self.size) - 1}"
@@ -347,6 +381,8 @@ class RemoteSource:
             self._blocks.fail(idxs, e)
             if isinstance(e, StaleSourceError):
                 self._mark_stale(e)
+            else:
+                self._gave_up(idxs, e)
             raise
 
     def _fetch_run(self, run: list[int], deadline: Deadline) -> None:
@@ -459,9 +495,9 @@ def retrying(name: str, what: str, deadline: Deadline, attempt: Callable[[Deadli
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (tries - 1)) * random.uniform(0.5, 1.0)
             left = deadline.remaining()
             if left <= delay + 0.05:
+                limit = deadline.why or f"--timeout is {deadline.seconds:g} s"
                 raise RemoteError(f"{what}: {e} (gave up after {tries} attempt{'s' * (tries > 1)} in "
-                                  f"{deadline.elapsed():.1f} s; --timeout is {deadline.seconds:g} s)",
-                                  file=name) from None
+                                  f"{deadline.elapsed():.1f} s; {limit})", file=name) from None
             log.info("%s: %s: %s; retrying in %.2f s", name, what, e, delay)
             time.sleep(delay)
         except CkptfsError as e:
