@@ -23,7 +23,9 @@ from typing import NamedTuple
 
 FORWARD = 16 << 20  # a read this far past what a stream fetched ahead still continues it (kernel read-ahead)
 BACK = FORWARD + (8 << 20)  # ... and this far before its furthest read (the reader behind its kernel read-ahead)
-KEEP = 8 << 20  # a sequential stream's bytes further behind its furthest read than this are dropped
+KEEP = BACK  # a sequential stream's bytes further behind its furthest read than this are dropped: reads that far
+# behind no longer continue it (a multi-threaded mount serves the kernel's read-ahead out of order: bytes fetched
+# ahead are still to be copied out up to BACK behind the furthest read)
 IDLE = 10.0  # seconds after which a stream no longer counts as active
 
 
