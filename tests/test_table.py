@@ -4,6 +4,7 @@ Python object per tensor until one is looked at."""
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 from collections import OrderedDict
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 import torch
-from helpers import torch_bytes
+from helpers import run_ckptfs, torch_bytes
 
 import ckptfs
 from ckptfs.container.zip import ZipArchive
@@ -160,3 +161,24 @@ def test_the_wire_format_refuses_junk_with_a_value_error(data):
         table._Unpacker(data).whole()
     except ValueError:
         pass
+
+
+def test_a_big_state_dict_s_graph_may_be_built_in_the_probe_in_proportion_to_its_pickle(tmp_path):
+    """A million tensors are a ~100 MB pickle whose unpickled graph (~7 bytes per pickle byte) is over the
+    default max_memory: the probe child may build up to 10 bytes per pickle byte (scaled down here: 20,000
+    tensors, a 2 MB pickle, max_memory 4 MiB). Expected values from torch.load; a pickle that builds far more
+    per byte than that (EMPTY_DICT floods) is still refused (tests/hostile)."""
+    g = torch.Generator().manual_seed(5)
+    sd = {f"layers.{i}.w": torch.randn(4, generator=g) for i in range(20_000)}
+    p = tmp_path / "many.pth"
+    torch.save(sd, p)
+    with zipfile.ZipFile(p) as z:
+        size = z.getinfo("many/data.pkl").file_size
+    assert 4 << 20 < 10 * size  # the premise: the rule, not max_memory, lets it through
+    # (a fresh process: one that has just freed memory lets a child grow without growing its address space)
+    r = run_ckptfs("ls", "--json", "--limit", "max_memory=4M", str(p), "layers.1999?.w")
+    assert r.returncode == 0, r.stderr
+    ref = torch.load(p, weights_only=True)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["key"] for m in rows] == [f"layers.{i}.w" for i in range(19990, 20000)]
+    assert all(m["shape"] == list(ref[m["key"]].shape) and m["dtype"] == "float32" for m in rows)

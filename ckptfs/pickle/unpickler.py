@@ -163,6 +163,8 @@ def _prefixed(prefix: str) -> object:
 _OK, _CKPTFS, _MEMORY, _OTHER, _DIGEST = b"K", b"E", b"M", b"X", b"D"
 #: The digest may grow the probe child by this many times ``max_memory`` beyond what unpickling built.
 DIGEST_MEMORY_FACTOR = 2
+#: A probe child may build this many bytes of objects per byte of pickle (when that is over max_memory).
+GRAPH_PER_PICKLE_BYTE = 10
 #: In a probe child: the address-space soft limit it inherited (a cap is never raised past it).
 _SOFT_BEFORE_CAP: int | None = None
 
@@ -227,7 +229,7 @@ def probe(up: SafeUnpickler, size_hint: int | None,
         raise LimitError(f"cannot fork the unpickling probe ({e.strerror}); Limits(unpickle_probe=False) "
                          "skips it for trusted files") from None
     if pid == 0:  # the child: never returns
-        _probe_child(up, r, w, digest)
+        _probe_child(up, r, w, digest, size_hint)
     os.close(w)
     msg = b""
     status = None
@@ -266,7 +268,7 @@ def probe(up: SafeUnpickler, size_hint: int | None,
         cls = {"LimitError": LimitError, "UnsafePickleError": UnsafePickleError}.get(name.decode(), CkptfsError)
         raise cls(reason.decode("utf-8", "backslashreplace"))
     if kind == _MEMORY:
-        raise LimitError(f"unpickling needs more than {limits.max_memory >> 20} MiB of memory "
+        raise LimitError(f"unpickling needs more than {child_memory(limits, size_hint) >> 20} MiB of memory "
                          "(raise Limits.max_memory to index it)")
     sig = -status if status is not None and status < 0 else None
     how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ else \
@@ -385,7 +387,7 @@ def _probe_batch(datas: Sequence[bytes], limits: Limits) -> tuple[list[CkptfsErr
 def _batch_child(datas: Sequence[bytes], limits: Limits, r: int, w: int) -> None:
     try:
         os.close(r)
-        _quiet_and_capped(limits)
+        _quiet_and_capped(limits, max((len(d) for d in datas), default=0))
         for data in datas:
             code = _OTHER
             try:
@@ -424,7 +426,15 @@ def _crash(status: int | None) -> UnsafePickleError:
     return UnsafePickleError(f"the pickle crashes the unpickler ({how}; a tuple nested too deeply to hash?)")
 
 
-def _quiet_and_capped(limits: Limits) -> None:
+def child_memory(limits: Limits, pickle_bytes: int) -> int:
+    """What a probe child may build for pickles of ``pickle_bytes`` in all: ``max_memory``, or for pickles
+    bigger than the defaults let through (a million tensors: a ~100 MB pickle, and the limits raised to index
+    it), ``GRAPH_PER_PICKLE_BYTE`` times their size (torch's pickles build ~7 bytes of objects per byte):
+    still bounded by what the file holds, not by what it says."""
+    return max(limits.max_memory, GRAPH_PER_PICKLE_BYTE * pickle_bytes)
+
+
+def _quiet_and_capped(limits: Limits, pickle_bytes: int) -> None:
     """In a probe child: nothing it prints reaches the caller's terminal; its address space is capped."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -432,7 +442,7 @@ def _quiet_and_capped(limits: Limits) -> None:
         os.dup2(devnull, 2)
     except OSError:
         pass
-    _cap_address_space(limits.max_memory, lower_only=True)
+    _cap_address_space(child_memory(limits, pickle_bytes), lower_only=True)
 
 
 def _cap_address_space(extra: int, *, lower_only: bool = False) -> None:
@@ -456,11 +466,12 @@ def _cap_address_space(extra: int, *, lower_only: bool = False) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
-def _probe_child(up: SafeUnpickler, r: int, w: int, digest: Callable[[object], bytes | None] | None) -> None:
+def _probe_child(up: SafeUnpickler, r: int, w: int, digest: Callable[[object], bytes | None] | None,
+                 size_hint: int) -> None:
     code = _OTHER
     try:
         os.close(r)
-        _quiet_and_capped(up.limits)
+        _quiet_and_capped(up.limits, size_hint)
         try:
             with gc_paused():
                 obj = pickle.Unpickler.load(up)
