@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,31 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def limits_with(values: dict[str, str], what: str = "--limit ", base: Limits | None = None) -> Limits:
+    """``base`` (the defaults) with fields given as text, ``{"max_tensors": "2M"}`` (K/M/G suffixes are
+    powers of 1024; booleans 1/true/yes/on); ValueError (one line, naming ``what``) for an unknown name or a
+    bad value (``what`` is what precedes a name where it was given: "--limit ", "-o limit.")."""
+    out: dict[str, object] = {}
+    for name, text in values.items():
+        name = name.strip().replace("-", "_")
+        if name not in Limits.__dataclass_fields__:
+            raise ValueError(f"{what}{name}: not a limit; one of {', '.join(Limits.__dataclass_fields__)}")
+        kind = type(getattr(DEFAULT_LIMITS, name))
+        text = text.strip()
+        try:
+            if kind is bool:
+                out[name] = text.lower() in ("1", "true", "yes", "on")
+            elif kind is float:
+                out[name] = float(text)
+            else:
+                mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
+                out[name] = int(text[:-1] if mult > 1 else text, 0) * mult
+        except ValueError:
+            raise ValueError(f"{what}{name}={text!r}: not a {kind.__name__}") from None
+    base = DEFAULT_LIMITS if base is None else base
+    return replace(base, **out) if out else base  # type: ignore[arg-type]
 
 
 def _pagesize() -> int:

@@ -364,3 +364,40 @@ def test_a_broken_record_fails_only_its_file(tmp_path, mount):
     assert (m / "good").read_bytes() == torch_bytes(good)
     assert read_error(m / "bad", 0, 1 << 20) == errno.EIO
     assert pid_alive(m.pid) and "read /bad" in m.log.read_text()
+
+
+def test_limits_are_given_to_a_mount_as_to_every_command(tmp_path, mount):
+    """A checkpoint over a default limit (500k tensors) must be mountable: --limit on the command line, and
+    -o limit.NAME=VALUE for an /etc/fstab line."""
+    p = tmp_path / "many.pth"
+    torch.save({f"p{i}": torch.full((2,), float(i)) for i in range(40)}, p)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    line = one_line_error(run_ckptfs("mount", "--limit", "max_tensors=10", str(p), str(mnt)))
+    assert "more than 10 tensors" in line and "max_tensors" in line and not is_mounted(mnt)
+    line = one_line_error(run_ckptfs("mount", "-o", "limit.max_tensors=10", str(p), str(mnt)))
+    assert "more than 10 tensors" in line and not is_mounted(mnt)
+    line = one_line_error(run_ckptfs("mount", "-o", "limit.max_cats=10", str(p), str(mnt)))
+    assert "-o limit.max_cats: not a limit" in line
+    m = mount(p, "--limit", "max_tensors=10", "-o", "limit.max_tensors=100")  # -o applies over --limit
+    assert (m.path / "p39").read_bytes() == torch_bytes(torch.full((2,), 39.0))
+    assert len([n for n in os.listdir(m.path) if not n.endswith(".json")]) == 41  # (and .ckptfs)
+
+
+def test_a_listing_is_made_only_as_far_as_readdir_asks():
+    """The first entries of a million-entry directory come without making the million (``ls`` answers at
+    once); the whole listing is the same."""
+    from ckptfs.mount.fuse_ops import Listing
+
+    made = []
+
+    def entries():
+        for i in range(1_000_000):
+            made.append(i)
+            yield f"p{i}", i
+
+    listing = Listing(entries())
+    assert listing.at(0) == ("p0", 0) and listing.at(100) == ("p100", 100)
+    assert len(made) <= 512
+    assert listing.at(1_000_000) is None and len(made) == 1_000_000
+    assert listing.all()[-1] == ("p999999", 999999) and len(listing.all()) == 1_000_000

@@ -150,28 +150,19 @@ def shape_text(shape: Sequence[int] | None) -> str:
 
 def limits_from(args: argparse.Namespace) -> Any:
     """``--limit NAME=VALUE`` options as a ckptfs.Limits (sizes accept K/M/G suffixes: 256M)."""
-    from ..limits import DEFAULT_LIMITS, Limits
+    from ..limits import Limits, limits_with
 
-    values: dict[str, Any] = {}
+    values: dict[str, str] = {}
     for item in getattr(args, "limit", None) or []:
         name, eq, text = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not eq or name not in Limits.__dataclass_fields__:
+        if not eq:
             known = ", ".join(Limits.__dataclass_fields__)
             raise CkptfsError(f"--limit {item!r}: expected NAME=VALUE with NAME one of {known}")
-        kind = type(getattr(DEFAULT_LIMITS, name))
-        text = text.strip()
-        try:
-            if kind is bool:
-                values[name] = text.lower() in ("1", "true", "yes", "on")
-            elif kind is float:
-                values[name] = float(text)
-            else:
-                mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:].lower(), 1)
-                values[name] = int(text[:-1] if mult > 1 else text, 0) * mult
-        except ValueError:
-            raise CkptfsError(f"--limit {item!r}: {text!r} is not a {kind.__name__}") from None
-    return Limits(**values) if values else DEFAULT_LIMITS
+        values[name] = text
+    try:
+        return limits_with(values)
+    except ValueError as e:
+        raise CkptfsError(str(e)) from None
 
 
 def leaf_preview(v: Any, n: int = 40) -> str:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import EXIT_OK, add_remote_args, examples, remote_from
+from .common import EXIT_OK, LIMIT_HELP, add_remote_args, examples, limits_from, remote_from
 from .progress import activity
 
 OPTIONS_HELP = ("mount options: allow_other, allow_root, uid=, gid=, umask= (e.g. 027), strict, threads, log=FILE, "
@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
                     help="tree: every key a file (default; -o npy adds <tensor>.npy files); safetensors: the "
                          "checkpoint (or an HF model directory) as safetensors files (docs/views.md)")
     sp.add_argument("--log", metavar="FILE", help="the daemon's log (read errors, -d traces); default: syslog")
+    sp.add_argument("--limit", action="append", metavar="NAME=VALUE", help=LIMIT_HELP)
     add_remote_args(sp)
     sp.add_argument("--no-progress", action="store_true", help="no progress line while indexing")
     sp.set_defaults(func=cmd_mount)
@@ -63,6 +64,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mount(MountRequest(args.checkpoint, args.mountpoint, options, foreground=args.foreground,
                        debug=bool(getattr(args, "debug", False)), strict=args.strict, threads=args.threads,
                        log=args.log, storage_options=storage_options, remote=remote, view=args.view,
+                       limits=limits_from(args),
                        indexing=lambda src: activity(f"indexing {src}", disable=args.no_progress)))
     return EXIT_OK
 

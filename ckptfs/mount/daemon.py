@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 from .._version import __version__
 from ..errors import CkptfsError
+from ..limits import DEFAULT_LIMITS, Limits, limits_with
 from ..source.options import RemoteOptions, with_fields
 from ..source.urls import is_url, local_path
 from .options import STORAGE_PREFIX, become, merge_storage, split_options
@@ -235,6 +236,7 @@ class MountRequest:
     log: str | None = None
     storage_options: dict[str, Any] | None = None  # a URL's backend options (credentials: never shown)
     remote: RemoteOptions | None = None  # how a URL is read (timeout, caches)
+    limits: Limits = DEFAULT_LIMITS  # resource limits for indexing (-o limit.NAME=VALUE apply over them)
     view: str = "tree"  # VIEWS: "tree" (keys as files), "safetensors" (the checkpoint as safetensors files)
     #: a context manager factory around indexing (the CLI shows what takes time on a terminal)
     indexing: Callable[[str], AbstractContextManager[object]] | None = None
@@ -266,6 +268,11 @@ def mount(req: MountRequest) -> None:
         raise MountError(e.reason) from None
     if opts.setuid:  # as mount.fuse3's setuid=USER: the user owns the mount (and reads the checkpoint)
         become(opts.setuid)
+    if opts.limits:
+        try:
+            req = dataclasses.replace(req, limits=limits_with(opts.limits, "-o limit.", base=req.limits))
+        except ValueError as e:
+            raise MountError(str(e)) from None
     if opts.remote or opts.storage:  # -o timeout=, storage.KEY=... (an /etc/fstab line has nothing else)
         if not remote:
             given = sorted([*opts.remote, *(STORAGE_PREFIX + k for k in opts.storage)])
@@ -338,7 +345,8 @@ def _make_view(req: MountRequest, src: str, view_options: dict[str, Any], *, str
         from ..views.model_dir import open_model
         from ..views.safetensors_tree import SafetensorsTree
 
-        model = open_model(src, strict=strict, storage_options=req.storage_options, remote=req.remote)
+        model = open_model(src, strict=strict, limits=req.limits, storage_options=req.storage_options,
+                           remote=req.remote)
         try:
             return SafetensorsTree(model, verify_reads=verify), model.catalog
         except BaseException:
@@ -347,7 +355,8 @@ def _make_view(req: MountRequest, src: str, view_options: dict[str, Any], *, str
     from ..model.opener import open_catalog
     from ..views.tree import TreeView
 
-    catalog = open_catalog(src, strict=strict, storage_options=req.storage_options, remote=req.remote)
+    catalog = open_catalog(src, strict=strict, limits=req.limits, storage_options=req.storage_options,
+                           remote=req.remote)
     return TreeView(catalog, verify_reads=verify, npy=bool(view_options.get("npy"))), catalog
 
 

@@ -23,7 +23,7 @@ import stat
 import threading
 import warnings
 from ctypes.util import find_library
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from ..views.namespace import DIR, FILE, LINK
 from .bufvec import Replies, Span, pipe_capacity
@@ -79,8 +79,9 @@ class MountSource(Protocol):
 
     def size(self, node: int) -> int: ...
 
-    def listdir(self, node: int) -> list[tuple[str, int]]:
-        """(name, node) of a directory's entries, in the order to list them."""
+    def listdir(self, node: int) -> Iterable[tuple[str, int]]:
+        """(name, node) of a directory's entries, in the order to list them (an iterator is read only as far
+        as readdir asks: the first entries of a million-entry directory come at once)."""
         ...
 
     def readlink(self, node: int) -> str: ...
@@ -98,6 +99,31 @@ class MountSource(Protocol):
     def __len__(self) -> int:
         """Nodes (statfs)."""
         ...
+
+
+class Listing:
+    """A directory's entries, taken from an iterator only as far as they are asked for."""
+
+    __slots__ = ("_it", "_got")
+
+    def __init__(self, entries: Iterator[tuple[str, int]]) -> None:
+        self._it: Iterator[tuple[str, int]] | None = entries
+        self._got: list[tuple[str, int]] = []
+
+    def at(self, i: int) -> tuple[str, int] | None:
+        """Entry ``i``, or None past the end."""
+        got = self._got
+        while i >= len(got) and self._it is not None:
+            chunk = list(itertools.islice(self._it, max(256, len(got))))  # (doubling: few calls in all)
+            if not chunk:
+                self._it = None
+            got += chunk
+        return got[i] if i < len(got) else None
+
+    def all(self) -> list[tuple[str, int]]:
+        while self._it is not None:
+            self.at(len(self._got))
+        return self._got
 
 
 class FuseUnavailable(Exception):
@@ -173,7 +199,7 @@ class Operations:
         self.read_ahead_kb = read_ahead_kb
         self.handles: dict[int, tuple[Handle, str]] = {}  # fh -> (handle, path)
         # open directories: fh -> (node, listing or None)
-        self.dirs: dict[int, tuple[int, list[tuple[str, int]] | None]] = {}
+        self.dirs: dict[int, tuple[int, Listing | None]] = {}
         self._fh = itertools.count(1)
         self._paths: dict[str, int] = {}  # path -> node, filled on lookup
         self.ready = threading.Event()  # set once the mount has answered a request
@@ -277,15 +303,16 @@ class Operations:
         self.dirs.pop(fh, None)
         return 0
 
-    def listing(self, fh: int) -> list[tuple[str, int]]:
+    def listing(self, fh: int) -> Listing:
         """An open directory's entries, "." and ".." first, made once per opendir (readdir comes back
-        for every 4 KiB of entries)."""
+        for every 4 KiB of entries), as far as readdir has asked."""
         node, entries = self.dirs.get(fh, (None, None))
         if node is None:
             raise self._err(errno.EBADF)
         if entries is None:
             src = self.source
-            entries = [(".", node), ("..", src.parent(node) if node else node), *src.listdir(node)]
+            dots = [(".", node), ("..", src.parent(node) if node else node)]
+            entries = Listing(itertools.chain(dots, src.listdir(node)))
             self.dirs[fh] = (node, entries)
         return entries
 
@@ -298,7 +325,7 @@ class Operations:
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
         """All entries at once (libfuse2 / fusepy: they buffer the listing themselves)."""
-        return [(name, self.entry_attrs(child, False), 0) for name, child in self.listing(fh)]
+        return [(name, self.entry_attrs(child, False), 0) for name, child in self.listing(fh).all()]
 
     def readlink(self, path: str) -> str:
         node = self._node(path)
@@ -448,8 +475,11 @@ def make_fuse_class(fuse: Any) -> type:
             st = fuse.c_stat()
             size = ctypes.sizeof(st)
             enc, errors = self.encoding, self.errors
-            for i in range(offset, len(entries)):
-                name, node = entries[i]
+            for i in itertools.count(offset):
+                entry = entries.at(i)
+                if entry is None:
+                    break
+                name, node = entry
                 ctypes.memset(ctypes.byref(st), 0, size)
                 dots = i < 2
                 fuse.set_st_attrs(st, ops.entry_attrs(node, plus and not dots), use_ns=True)

@@ -12,7 +12,8 @@
 * remote checkpoints' (as ``ckptfs mount``'s options of the same names; docs/remote.md): ``timeout=SECONDS``,
   ``cache_dir=DIR``, ``cache_size=SIZE``, ``memory_cache=SIZE``, ``max_concurrency=N``, and
   ``storage.KEY=VALUE`` for the URL's backend (``--storage-option KEY=VALUE``: ``storage.endpoint_url=...``,
-  ``storage.anon=true``); they apply over the command's own;
+  ``storage.anon=true``); they apply over the command's own; ``limit.NAME=VALUE`` as ``--limit NAME=VALUE``
+  (``limit.max_tensors=2M``);
 * ``ro`` is the default and ``rw`` is refused;
 * everything else goes to FUSE (``allow_other``, ``allow_root``, ``default_permissions``, ``max_read=``,
   ``nosuid``, ``nodev``, ``noexec``, ...).
@@ -37,6 +38,8 @@ MOUNT8_PREFIXES = ("x-", "comment=")
 CKPTFS_OPTIONS = frozenset({"strict", "threads", "log", "uid", "gid", "umask", "setuid"})
 #: ``-o storage.KEY=VALUE``: an option of a remote checkpoint's backend
 STORAGE_PREFIX = "storage."
+#: ``-o limit.NAME=VALUE``: a resource limit (``--limit NAME=VALUE``)
+LIMIT_PREFIX = "limit."
 #: mount.fuse3's options that ckptfs cannot honour
 UNSUPPORTED = {"drop_privileges": "ckptfs opens /dev/fuse through libfuse itself; use setuid=USER to run as a user"}
 
@@ -53,6 +56,7 @@ class MountOptions:
     setuid: str | None = None
     remote: dict[str, Any] = field(default_factory=dict)  # RemoteOptions fields
     storage: dict[str, Any] = field(default_factory=dict)  # storage options (credentials: never shown)
+    limits: dict[str, str] = field(default_factory=dict)  # -o limit.NAME=VALUE, as --limit NAME=VALUE
     ignored: list[str] = field(default_factory=list)  # mount(8)'s options, for the log
 
 
@@ -108,6 +112,10 @@ def split_options(options: dict[str, Any]) -> MountOptions:
             if value is True:
                 raise CkptfsError(f"-o {name}=VALUE: give the value")
             out.remote[name] = remote_field(name, str(value), f"-o {name}")
+        elif name.startswith(LIMIT_PREFIX):
+            if value is True:
+                raise CkptfsError(f"-o {name}=VALUE: give the value (e.g. {LIMIT_PREFIX}max_tensors=2M)")
+            out.limits[name[len(LIMIT_PREFIX):]] = str(value)
         elif name.startswith(STORAGE_PREFIX):
             key = name[len(STORAGE_PREFIX):]
             if not key or value is True:

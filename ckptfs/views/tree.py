@@ -28,7 +28,7 @@ import json
 import math
 import os
 from functools import lru_cache
-from typing import Any, Literal, cast
+from typing import Any, Iterator, Literal, cast
 
 from ..container.base import Attachment
 from ..dtypes import DTYPES, numpy_dtype
@@ -170,17 +170,16 @@ class TreeView:
     def inode(self, node: int) -> int:
         return node + 1
 
-    def listdir(self, node: int) -> list[tuple[str, int]]:
-        """(name, node) of a directory's entries, in checkpoint order (a sidecar after its entry)."""
+    def listdir(self, node: int) -> Iterator[tuple[str, int]]:
+        """(name, node) of a directory's entries, in checkpoint order (a sidecar after its entry), made as
+        they are read."""
         has, npy = self.has_sidecar, self.has_npy
-        out = []
         for name, child in self.tree.entries[node].items():
-            out.append((name, child))
+            yield name, child
             if child in has:
-                out.append((name + SIDECAR_SUFFIX, child + SIDECAR))
+                yield name + SIDECAR_SUFFIX, child + SIDECAR
             if child in npy:
-                out.append((name + NPY_SUFFIX, child + NPY))
-        return out
+                yield name + NPY_SUFFIX, child + NPY
 
     def parent(self, node: int) -> int:
         return self.tree.parents[node % SIDECAR]
