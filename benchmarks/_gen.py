@@ -115,8 +115,13 @@ def readers(n: int, tensor_bytes: int) -> dict:
     return {f"t{i}": _fill(tensor_bytes // 4, g) for i in range(n)}
 
 
+def flat(n: int, numel: int) -> dict:
+    """tiny's tensors under top-level keys p0, p1, ...: one directory of n entries (and n sidecars) when mounted."""
+    return {f"p{i}": t for i, t in enumerate(tiny(n, numel).values())}
+
+
 KINDS = {"tiny": tiny, "big": big, "train": train, "mount": mount, "model": model, "daemon": daemon,
-         "readers": readers}
+         "readers": readers, "flat": flat}
 
 
 # --- a sparse checkpoint: a real torch zip whose storage records are holes --------------------------------------------

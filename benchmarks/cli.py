@@ -35,7 +35,7 @@ for family in (cases_index.CASES, cases_api.CASES, cases_mount.CASES, cases_scal
 ORDER = ["index-tiny", "index-1gb", "index-train", "ls-cli", "mount-ready", "seq-read-cold", "seq-read-fresh",
          "seq-read-warm", "random-4k", "memmap-cold", "memmap-warm", "readers-8", "memmap-threads", "transposed",
          "api-tensor-tiny", "api-numpy-tiny", "api-tensor-1gb", "api-numpy-1gb", "load-state-dict", "daemon-rss",
-         "index-memory", "scale-curve", "index-100gb", "mount-100gb",
+         "index-memory", "scale-curve", "scale-1m", "index-100gb", "mount-100gb",
          "index-shards-st", "index-shards-bin", "mount-ready-30-shards", "index-dcp", "mount-ready-dcp",
          "remote-ls-1gb", "remote-seq", "remote-random-4k", "remote-seq-20ms", "remote-random-20ms",
          "export-1gb", "view-first-tensor", "view-hf-load", "stats-1gb", "diff-1gb"]
@@ -57,6 +57,7 @@ NEEDS = {
     "mount-100gb": ["sparse-small", "sparse-large"],
     # the scale curve's datasets depend on the configuration (--quick: smaller sizes): see needs()
     "scale-curve": [],
+    "scale-1m": ["flat", "flat.st"],
     "stats-1gb": ["big"], "diff-1gb": ["big", "bigchanged"],
 }
 

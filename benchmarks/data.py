@@ -71,8 +71,12 @@ def datasets(cfg: Config) -> dict[str, Dataset]:
     for n in cfg.scale_sizes:
         d.append(Dataset(f"scale{n}", "tiny", {"n": n, "numel": cfg.tiny_numel},
                          description=f"{n:,} tiny float32 tensors (scale curve)"))
+    top = cfg.scale_sizes[-1]
+    d.append(Dataset("flat", "flat", {"n": top, "numel": cfg.tiny_numel},
+                     description=f"{top:,} tiny float32 tensors under top-level keys (one directory of {top:,} "
+                                 "entries when mounted)"))
     out = {x.name: x for x in d}
-    for base in ("tiny", "big", "train", *(f"scale{n}" for n in cfg.scale_sizes)):
+    for base in ("tiny", "big", "train", "flat", *(f"scale{n}" for n in cfg.scale_sizes)):
         out[base + ".st"] = Dataset(base + ".st", "safetensors", {"source": base}, ext="safetensors",
                                     description=f"the tensors of {base}.pth converted to safetensors")
     return out
