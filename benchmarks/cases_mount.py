@@ -78,7 +78,7 @@ class Mount:
         return [exe] + sum((["-o", o] for o in self.options), []) + [self.ckpt, self.mnt]
 
     def start(self, timeout: float = 120.0) -> float:
-        """Mount; seconds from command start until listing the mount point answers (non-empty)."""
+        """Mount; seconds from command start until listing the mount point answers (its first entry)."""
         if self.mnt in mounted_paths():
             self.stop()
         t0 = time.perf_counter()
@@ -87,8 +87,9 @@ class Mount:
             while True:
                 if os.path.ismount(self.mnt):
                     try:
-                        if os.listdir(self.mnt):
-                            break
+                        with os.scandir(self.mnt) as it:  # its first entry: not the whole listing (1M entries)
+                            if next(it, None) is not None:
+                                break
                     except OSError:
                         pass
                 rc = proc.poll()

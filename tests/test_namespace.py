@@ -208,3 +208,16 @@ def test_the_core_never_imports_fuse_or_torch():
 def test_printable_ascii_keys_stay_readable():
     for k in string.ascii_letters + string.digits + "-_ +=!@$^&*()[]{}:;,<>?|~`'\"":
         assert piece_name(k) == k
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.text(max_size=240), st.text(alphabet=string.ascii_letters + "%/._ ~", max_size=240)),
+                min_size=1, max_size=20, unique=True))
+def test_a_flat_dict_s_names_are_piece_names(keys):
+    """build_tree takes plain keys as their own names without asking piece_name (the million-key fast path):
+    every top-level key without a dot gets exactly piece_name's name."""
+    keys = [k for k in keys if "." not in k]
+    parents, names, types = [-1] + [0] * len(keys), [None, *keys], [DIR] + [FILE] * len(keys)
+    tree = build_tree(parents, names, types, range(len(parents)))
+    got = {tree.names[tree.rows[r]] for r in range(1, len(parents))}
+    assert got == {piece_name(k) for k in keys}

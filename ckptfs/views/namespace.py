@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-from typing import Iterable, Sequence, overload
+from typing import Iterable, Sequence, cast, overload
 
 MAX_NAME = 255  # NAME_MAX, bytes
 MAX_PIECES = 64  # a dotted key becomes at most this many components
@@ -313,6 +313,11 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
 
     def name_of(piece: object) -> str:
         t = type(piece)
+        if t is str:
+            text = cast(str, piece)
+            if text and text.isascii() and len(text) <= LONG_NAME and text.isprintable() and "%" not in text \
+                    and "/" not in text and "." not in text:
+                return text  # its own name: piece_name's answer, without a cache entry (a million keys)
         if t is str or t is int:
             nm = cache.get(piece)
             if nm is None:
