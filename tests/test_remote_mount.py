@@ -35,9 +35,26 @@ def _check_all(mnt, expected) -> None:
         assert _file(mnt, key).read_bytes() == torch_bytes(t), key
 
 
+def test_the_daemon_reads_over_the_connections_the_indexing_opened(mount, served, nginx):
+    """The mount daemon takes over the idle connections its parent indexed with (the parent closes its copies):
+    a fresh mount's first read costs no new connection (on a real link: no TCP or TLS handshake)."""
+    since = len(nginx.log())
+    m = mount(served.url)
+    indexing = {e["conn"] for e in nginx.requests_for(served.uri, since)}
+    mark = len(nginx.log())
+    big = torch_bytes(served.expected["big"])
+    with open(_file(m, "big"), "rb", buffering=0) as f:
+        got = os.pread(f.fileno(), 4096, len(big) // 2)  # far from the first MiB the open fetched
+    assert got == big[len(big) // 2 : len(big) // 2 + 4096]
+    reading = {e["conn"] for e in nginx.requests_for(served.uri, mark)}
+    assert indexing and reading and reading <= indexing, (indexing, reading)
+
+
 def test_mount_serves_torch_bytes_to_concurrent_readers(mount, served):
     m = mount(served.url)
-    assert json.loads((m.path / ".ckptfs" / "mount.json").read_bytes())["checkpoint"] == served.url
+    info = json.loads((m.path / ".ckptfs" / "mount.json").read_bytes())
+    assert info["checkpoint"] == served.url
+    assert info["splice"] is False  # a URL's bytes are in memory: writev, not a copy into a pipe and a splice
     assert m.index()["checkpoint"] == served.url
     side = json.loads((m.path / "emb" / "weight.json").read_bytes())
     assert side["shape"] == [1000, 64] and side["dtype"] == "float32"

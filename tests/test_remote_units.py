@@ -180,14 +180,15 @@ def _get(c: BlockCache, idx: int) -> bytes | None:
 
 
 def test_block_cache_is_bounded_lru_and_reuses_memory():
-    c = BlockCache(4, 16, pool=8)
+    c = BlockCache(4, 16)
     for i in range(10):
         assert c.claim([i]) == [i]
         buf = c.buffer(4)
         buf[:] = bytes([i]) * 4
         c.put(i, buf)
-        assert len(c._free) <= 2  # at most pool bytes of spare buffers
     assert c.nbytes == 16 and [_get(c, i) for i in range(10)] == [None] * 6 + [bytes([i]) * 4 for i in range(6, 10)]
+    # ten blocks through an arena of six buffers: each evicted block's buffer was handed out again
+    assert all(type(b) is memoryview for b in c._data.values()) and len(c._arena.made) == 6
     _get(c, 6)  # used: now the most recent
     c.claim([10])
     c.put(10, c.buffer(4))
@@ -195,6 +196,26 @@ def test_block_cache_is_bounded_lru_and_reuses_memory():
     nine = c._data[9]
     c.drop([9])
     assert _get(c, 9) is None and c.nbytes == 12 and c.buffer(4) is nine  # a dropped block's memory is reused
+
+
+def test_block_cache_arena_is_bounded_and_takes_back_what_a_failed_fetch_held():
+    c = BlockCache(4, 16)  # at most 16 * 3 / 2 bytes of arena buffers: 6 of 4 bytes
+    held = [c.buffer(4) for _ in range(8)]
+    assert [type(b) for b in held] == [memoryview] * 6 + [bytearray] * 2  # then plain buffers
+    views = held[:6]
+    for i, v in enumerate(views):
+        v[:] = bytes([i]) * 4
+    assert len({bytes(v) for v in views}) == 6  # six distinct buffers, not one memory shared
+    c.recycle(held)  # a fetch that failed gives its buffers back (plain ones are simply dropped)
+    again = [c.buffer(4) for _ in range(6)]
+    assert {id(b) for b in again} == {id(v) for v in views}
+    c.claim([1])
+    c.put(1, again[0])
+    c.put(1, again[0])  # the same buffer put again is not also handed out as free
+    assert all(c.buffer(4) is not again[0] for _ in range(3))
+    assert _get(c, 1) == bytes(again[0])
+    c.buffer(3)  # a short (last) block: a plain buffer
+    assert isinstance(c.buffer(3), bytearray)
 
 
 def test_a_pending_block_is_fetched_once_and_waited_for():

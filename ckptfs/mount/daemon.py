@@ -306,7 +306,9 @@ def mount(req: MountRequest) -> None:
 
         _setup_logging(debug, logfile, foreground)
         fuse_opts = dict(options)
-        splice = splice_wanted(fuse, fuse_opts)  # reads answered by splicing the checkpoint's pages
+        # reads answered by splicing the checkpoint's pages; a URL's bytes are in memory, and libfuse would copy a
+        # memory reply into its pipe before splicing it (a copy more than writev: remote-seq, docs/remote.md)
+        splice = splice_wanted(fuse, fuse_opts) and not remote
         info: dict[str, Any] = {"pid": os.getpid(), "checkpoint": src, "mountpoint": mnt,
                                 "libfuse": library_version(fuse), "threads": threads, "splice": splice,
                                 "options": {k: "***" if k.startswith(STORAGE_PREFIX) else v for k, v in req.options.items()},
@@ -335,7 +337,7 @@ def mount(req: MountRequest) -> None:
         run()
         catalog.close()
         return
-    _daemonize(run, mnt)
+    _daemonize(run, mnt, remote)
 
 
 def _make_view(req: MountRequest, src: str, view_options: dict[str, Any], *, strict: bool) -> tuple[Any, Any]:
@@ -373,12 +375,18 @@ def _detach_stderr(logfile: str | None) -> Any:
     return detach
 
 
-def _daemonize(run: Any, mnt: str) -> None:
+def _daemonize(run: Any, mnt: str, remote: bool) -> None:
     before = os.stat(mnt).st_dev
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
-    pid = os.fork()
+    handover: AbstractContextManager[None] = nullcontext()
+    if remote:
+        from ..source.remote import handing_over
+
+        handover = handing_over()  # the daemon takes over the connections the indexing opened
+    with handover:
+        pid = os.fork()
     if pid == 0:  # the daemon: no thread has been started in this process
         code = 1
         try:

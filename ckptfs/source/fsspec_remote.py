@@ -160,9 +160,9 @@ class FsspecTransport:
             pos += len(view)
             filled(i)
 
-    def after_fork(self) -> None:
+    def after_fork(self, keep_connections: bool) -> None:
         self._lock = threading.Lock()
-        self._fs = None  # made again on first use (fsspec resets its event loop in the child)
+        self._fs = None  # made again on first use (fsspec resets its event loop in the child: no connection survives)
 
     def close(self) -> None:
         return None

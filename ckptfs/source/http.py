@@ -360,8 +360,10 @@ class HttpTransport:
             else:
                 conn.close()
 
-    def after_fork(self) -> None:
+    def after_fork(self, keep_connections: bool) -> None:
         self._lock = threading.Lock()
+        if keep_connections:
+            return
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:

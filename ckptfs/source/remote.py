@@ -22,8 +22,9 @@ comes first); ``prefetch`` fetches several ranges in one concurrent batch (the z
 head and the tail, where the central directory is). A checkpoint whose pickle is under 1 MiB is indexed in
 two requests.
 
-Fork safety: a forked child (the mount daemon forks after indexing) drops its parent's connections and
-in-flight fetches (:func:`os.register_at_fork`) and keeps the cached blocks.
+Fork safety: a forked child drops its parent's connections and in-flight fetches (:func:`os.register_at_fork`)
+and keeps the cached blocks; the mount daemon, forked after indexing, takes the connections over
+(:func:`handing_over`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, TypeVar
@@ -141,22 +143,44 @@ class Transport(Protocol):
         ``filled(i)`` as soon as ``bufs[i]`` is complete. Checks the response against ``expect``."""
         ...
 
-    def after_fork(self) -> None:
-        """In a forked child: forget connections, sessions and event loops made by the parent."""
+    def after_fork(self, keep_connections: bool) -> None:
+        """In a forked child: forget sessions and event loops made by the parent, and its idle connections
+        unless ``keep_connections`` (the parent hands them over: :func:`handing_over`)."""
         ...
 
     def close(self) -> None: ...
 
 
 _LIVE: weakref.WeakSet[RemoteSource] = weakref.WeakSet()
+_HANDOVER = [False]  # set by handing_over(): the next fork's child takes the idle connections
+
+
+@contextmanager
+def handing_over() -> Iterator[None]:
+    """Around the fork of a process that takes over every remote source (the mount daemon: its parent then only
+    waits for the mount and exits): the child keeps the idle connections the indexing made and the parent
+    closes its copies, so that no connection is used by two processes. A fresh mount's first read then costs
+    one round trip instead of a new connection's one or two more (a TLS handshake's)."""
+    _HANDOVER[0] = True
+    try:
+        yield
+    finally:
+        _HANDOVER[0] = False
 
 
 def _after_fork_in_child() -> None:
+    keep, _HANDOVER[0] = _HANDOVER[0], False
     for source in list(_LIVE):
-        source._after_fork()
+        source._after_fork(keep)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _after_fork_in_parent() -> None:
+    if _HANDOVER[0]:
+        for source in list(_LIVE):
+            source.transport.close()  # (its idle connections: they are the child's now)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent)
 
 
 class RemoteSource:
@@ -405,7 +429,11 @@ class RemoteSource:
             if done != len(run):
                 raise Transient(f"the response ended after {done} of {len(run)} blocks")
 
-        self._retrying(self._where(run[0] * BLOCK, len(run) * BLOCK), deadline, attempt)
+        try:
+            self._retrying(self._where(run[0] * BLOCK, len(run) * BLOCK), deadline, attempt)
+        except BaseException:
+            self._blocks.recycle(bufs[done:])  # (a transport writes only while its fetch runs)
+            raise
         self._validated = time.monotonic()
 
     def _parts(self, idxs: list[int]) -> list[list[int]]:
@@ -473,14 +501,14 @@ class RemoteSource:
                 for b0 in range(lo, hi, BLOCK):
                     self._disk.put(b0 // BLOCK, view[b0 - offset : b0 - offset + BLOCK])
 
-    def _after_fork(self) -> None:
+    def _after_fork(self, keep_connections: bool) -> None:
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(self.options.max_concurrency)
         self._blocks.after_fork()
         self._readahead.after_fork()
         if self._disk is not None:
             self._disk.after_fork()
-        self.transport.after_fork()
+        self.transport.after_fork(keep_connections)
 
 
 def retrying(name: str, what: str, deadline: Deadline, attempt: Callable[[Deadline], T]) -> T:
