@@ -214,8 +214,7 @@ def test_block_cache_arena_is_bounded_and_takes_back_what_a_failed_fetch_held():
     c.put(1, again[0])  # the same buffer put again is not also handed out as free
     assert all(c.buffer(4) is not again[0] for _ in range(3))
     assert _get(c, 1) == bytes(again[0])
-    c.buffer(3)  # a short (last) block: a plain buffer
-    assert isinstance(c.buffer(3), bytearray)
+    assert isinstance(c.buffer(3), bytearray)  # a short (last) block: a plain buffer
 
 
 def test_a_pending_block_is_fetched_once_and_waited_for():

@@ -46,8 +46,7 @@ class _Arena:
         self.block = block
         self.room = slots  # buffers not made yet
         self.free: list[memoryview] = []  # made and unused, the last freed on top
-        self.made: list[memoryview] = []  # every buffer made, kept so that their id()s stay theirs
-        self.ids: set[int] = set()
+        self.made: dict[int, memoryview] = {}  # id() -> every buffer made (kept: their ids stay theirs)
 
     def take(self) -> memoryview | None:
         if not self.free and self.room > 0:
@@ -55,7 +54,7 @@ class _Arena:
         return self.free.pop() if self.free else None
 
     def give(self, data: Buffer) -> None:
-        if isinstance(data, memoryview) and id(data) in self.ids:
+        if isinstance(data, memoryview) and id(data) in self.made:
             self.free.append(data)
 
     def _grow(self) -> None:
@@ -68,8 +67,7 @@ class _Arena:
                 pass  # THP disabled: 4 KiB pages
         whole = memoryview(m)
         made = [whole[i * self.block : (i + 1) * self.block] for i in range(count)]
-        self.made.extend(made)
-        self.ids.update(id(v) for v in made)
+        self.made.update((id(v), v) for v in made)
         self.free.extend(reversed(made))
         self.room -= count
 
