@@ -301,6 +301,8 @@ def test_ckptfs_check_compares_every_kind(tmp_path, capsys):
     obj = {"q": torch.quantize_per_tensor(x, 0.1, 3, torch.quint8),
            "qc": torch.quantize_per_channel(x, torch.rand(4, dtype=torch.float64) + 0.1, torch.zeros(4, dtype=torch.long),
                                             0, torch.qint8),
+           # a quantized Embedding's weight: torch writes per_channel_affine, torch.load gives float_qparams
+           "qf": torch.quantize_per_channel(x, torch.rand(4) + 0.1, torch.randn(4), 0, torch.quint8),
            "coo": x.relu().to_sparse(), "csr": x.relu().to_sparse_csr(), "meta": torch.empty(2, device="meta"),
            "nt": torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), "conj": torch.randn(2, dtype=torch.cfloat).conj()}
     p = tmp_path / "all.pt"

@@ -229,7 +229,7 @@ def compare(catalog: Catalog, reference: Any) -> Iterator[Outcome]:
         except (KeyError, IndexError, TypeError):
             problem = "not found in torch.load's result"
         else:
-            problem = (_compare_composite(meta, expected) if index.kinds[i] == COMPOSITE
+            problem = (_compare_composite(catalog, i, meta, expected) if index.kinds[i] == COMPOSITE
                        else _compare(catalog, i, meta, expected))
         shape = tuple(meta.shape or ())
         if problem == "skip":
@@ -248,7 +248,20 @@ def count_compared(catalog: Catalog) -> int:
     return sum(1 for k in kinds if k in (TENSOR, COMPOSITE))
 
 
-def _compare_composite(meta: Meta, expected: Any) -> str | None:
+def _loaded_qscheme(catalog: Catalog, row: int, saved: Any) -> Any:
+    """The qscheme torch.load gives a per-channel quantized tensor: torch writes ``per_channel_affine`` for
+    float-qparams tensors too (quantized Embedding weights), and its loader makes them
+    ``per_channel_affine_float_qparams`` from their float zero points."""
+    index = catalog.index
+    if saved == "per_channel_affine":
+        for c in index.children(row):
+            if index.names[c] == "zero_points" and catalog.meta(c).dtype in ("float16", "float32", "float64",
+                                                                           "bfloat16"):
+                return "per_channel_affine_float_qparams"
+    return saved
+
+
+def _compare_composite(catalog: Catalog, row: int, meta: Meta, expected: Any) -> str | None:
     """A sparse / nested / per-channel quantized tensor: its kind and layout (its parts are compared as
     tensors of their own)."""
     import torch
@@ -267,8 +280,9 @@ def _compare_composite(meta: Meta, expected: Any) -> str | None:
             return "torch's tensor is not a nested tensor of as many tensors"
         return None if str(expected.dtype) == f"torch.{meta.dtype}" else f"dtype {meta.dtype} != torch's {expected.dtype}"
     elif meta.tensor_kind == "quantized":
-        if not expected.is_quantized or str(expected.qscheme()) != f"torch.{extra.get('qscheme')}":
-            return f"qscheme {extra.get('qscheme')} != torch's"
+        qscheme = _loaded_qscheme(catalog, row, extra.get("qscheme"))
+        if not expected.is_quantized or str(expected.qscheme()) != f"torch.{qscheme}":
+            return f"qscheme {qscheme} != torch's {expected.qscheme() if expected.is_quantized else None}"
         if expected.q_per_channel_axis() != extra.get("axis"):
             return f"axis {extra.get('axis')} != torch's {expected.q_per_channel_axis()}"
     if str(expected.dtype) != f"torch.{meta.dtype}" or tuple(expected.shape) != tuple(meta.shape):
