@@ -94,6 +94,31 @@ def test_quantized(tmp_path):
             ckpt.read("channel0")
 
 
+
+def test_packed_quantized(tmp_path, capsys):
+    """quint4x2 / quint2x4 (4-bit quantized EmbeddingBag weights) pack several values per byte, each row padded
+    to whole bytes: torch.load reads them; ckptfs indexes them as torch gives them and refuses their bytes
+    with one clear error (not a geometry error that calls a valid file corrupt)."""
+    x = torch.randn(5, 7)
+    obj = {"q4": torch.quantize_per_tensor(x, 0.1, 2, torch.quint4x2),
+           "q2": torch.quantize_per_tensor(x, 0.5, 1, torch.quint2x4),
+           "emb4": torch.quantize_per_channel(x, torch.rand(5) + 0.1, torch.randn(5), 0, torch.quint4x2),
+           "other": torch.arange(3.0)}
+    p, ref = save_load(tmp_path, obj)
+    with ckptfs.open(p) as ckpt:
+        for key, per_byte in (("q4", 2), ("q2", 4), ("emb4.int_repr", 2)):
+            m = ckpt.meta(key)
+            assert (m.dtype, m.shape, m.error) == (str(ref[key.split(".")[0]].dtype)[6:], (5, 7), None)
+            assert m.unsupported.startswith(f"{m.dtype} packs {per_byte} values per byte")
+            for read in (ckpt.read, ckpt.numpy, ckpt.tensor):
+                with pytest.raises(ckptfs.UnsupportedError, match=rf"x\.pt: {key}\b.*packs"):
+                    read(key)
+        assert ckpt.meta("emb4").extra["qscheme"] == "per_channel_affine"
+        assert torch.equal(ckpt.tensor("emb4.scales"), ref["emb4"].q_per_channel_scales())
+        assert torch.equal(ckpt.tensor("other"), ref["other"])
+    assert main(["check", str(p), "--no-progress"]) == EXIT_OK
+    assert "0 mismatched, 3 not compared" in capsys.readouterr().out
+
 def test_sparse(tmp_path):
     dense = torch.randn(5, 6).relu()
     uncoalesced = torch.sparse_coo_tensor(torch.tensor([[0, 0, 2], [1, 1, 3]]), torch.tensor([1.0, 2.0, 3.0]), (4, 5))

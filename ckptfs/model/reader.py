@@ -42,7 +42,8 @@ class TensorData:
         elif t.kind == "numpy" and t.extra and "inline" in t.extra and t.unsupported is None:
             self.inline = t.extra["inline"]
             self.contiguous = not t.extra.get("fortran_order") or len(t.shape) < 2
-        elif t.unsupported is not None and t.kind not in STRIDED_KINDS:
+        elif t.unsupported is not None and (t.kind not in STRIDED_KINDS or t.kind == "quantized"):
+            # (a quantized one is packed, quint4x2: its elements are not itemsize-byte strided ones)
             raise self._fail(t.unsupported, cls=UnsupportedError)
         elif t.kind not in STRIDED_KINDS:
             raise self._fail(f"{t.kind} tensors are not served")

@@ -184,7 +184,7 @@ def tensor_of(catalog: Catalog, r: TensorData, row: int = 0, map_location: Any =
     if t.kind == "wrapper":
         raise UnsupportedError(f"a {extra.get('subclass')} wrapper subclass has no storage and ckptfs does not "
                                "import its class: metadata only (see Checkpoint.meta)", file=name, record=r.key)
-    if t.kind == "quantized":
+    if t.kind == "quantized" and t.unsupported is None:
         int_dtype = _QUANT_INT.get(t.dtype.name)
         if int_dtype is None or "scale" not in extra:
             raise UnsupportedError(f"{t.dtype.name} tensors ({extra.get('qscheme')}) cannot be built as torch tensors",

@@ -29,6 +29,11 @@ class ExoticConverter(DenseConverter):
         if len(a) != 7:
             return self._bad_call(name, a)
         t = self._tensor("quantized", a[0], None, a[1], a[2], a[3], a[5])
+        per_byte = _PACKED.get(t.dtype.name)
+        if per_byte is not None and t.error is None:
+            # torch pads each row to whole bytes (shape [r, c] holds r * ceil(c / per_byte) bytes): no strided view
+            t.unsupported = (f"{t.dtype.name} packs {per_byte} values per byte (rows padded to whole bytes): "
+                             "indexed, but its bytes are not served")
         q = a[4]
         q = tuple(self.value(x) for x in q) if type(q) is tuple else q
         extra = t.extra = dict(t.extra or {})
@@ -218,6 +223,8 @@ class ExoticConverter(DenseConverter):
 
 
 _QUANT_INT = {"qint8": "int8", "quint8": "uint8", "qint32": "int32"}
+#: quantized dtypes of sub-byte values: how many a byte holds
+_PACKED = {"quint4x2": 2, "quint2x4": 4}
 _SPARSE_PARTS = {
     "sparse_coo": ("indices", "values"),
     "sparse_csr": ("crow_indices", "col_indices", "values"),
