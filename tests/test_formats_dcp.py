@@ -65,6 +65,21 @@ def test_every_entry_as_dcp_to_torch_save_gives_it(dcp_checkpoints: Path, tmp_pa
                 assert ckpt.value(path) == value and type(ckpt.value(path)) is type(value), path
 
 
+
+def test_empty_tensors_have_torchs_strides(tmp_path: Path) -> None:
+    """A tensor with a size-0 dimension has the strides dcp_to_torch_save's torch.empty gives it (a size-0
+    dimension counts as 1), not a product that is 0."""
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"inner": torch.zeros(3, 0, 2), "last": torch.zeros(2, 3, 0), "first": torch.zeros(0, 4)}
+    dcp.save(sd, checkpoint_id=tmp_path / "d", no_dist=True)
+    want = torch_reference(tmp_path / "d", tmp_path)
+    with ckptfs.open(tmp_path / "d") as ckpt:
+        for key, value in want.items():
+            assert ckpt.meta(key).stride == value.stride() == ckpt.tensor(key).stride(), key
+            assert ckpt.read(key) == b"", key
+
+
 def test_chunked_tensors_are_one_tensor_each(dcp_checkpoints: Path, tmp_path: Path) -> None:
     """A Shard(0) / Shard(1) / 2-D-mesh / uneven tensor is one tensor of its full shape; its sidecar lists
     the chunks as torch's own metadata reader gives them."""

@@ -66,6 +66,17 @@ def test_every_tensor_as_safe_open_gives_it(every_dtype: Path) -> None:
             assert got.dtype == want.dtype and torch_bytes(got) == torch_bytes(want), key
 
 
+
+def test_empty_tensors_have_torchs_strides(tmp_path: Path) -> None:
+    """Strides of tensors with a size-0 dimension are torch's (a size-0 dimension counts as 1), as
+    safetensors.torch gives them."""
+    p = tmp_path / "e.safetensors"
+    save_file({"inner": torch.zeros(3, 0, 2), "last": torch.zeros(2, 3, 0), "first": torch.zeros(0, 4)}, p)
+    with safe_open(p, framework="pt") as f, ckptfs.open(p) as ckpt:
+        for key in f.keys():
+            assert ckpt.meta(key).stride == f.get_tensor(key).stride() == ckpt.tensor(key).stride(), key
+
+
 def _header(path: Path) -> tuple[int, dict]:
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]

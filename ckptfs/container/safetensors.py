@@ -222,7 +222,7 @@ class SafetensorsFile:
         acc = 1
         for s in reversed(shape):
             stride.append(acc)
-            acc *= s
+            acc *= max(s, 1)  # as torch strides a size-0 dimension (safetensors.torch's tensors)
         return TensorNode("dense", ref, dtype, shape, tuple(reversed(stride)), 0)
 
     # --- storages -----------------------------------------------------------------------------------

@@ -34,11 +34,13 @@ def numel(shape: tuple[int, ...]) -> int:
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-contiguous strides as torch makes them: a size-0 dimension counts as 1 (``torch.empty(3, 0, 2)``
+    has strides (2, 2, 1))."""
     out = [0] * len(shape)
     acc = 1
     for d in range(len(shape) - 1, -1, -1):
         out[d] = acc
-        acc *= shape[d]
+        acc *= max(shape[d], 1)
     return tuple(out)
 
 

@@ -92,11 +92,12 @@ def _lists(made: list[tuple[dict[object, object], object, dict[object, object]]]
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of ``torch.empty(shape)`` (what dcp_to_torch_save makes): a size-0 dimension counts as 1."""
     out = []
     acc = 1
     for s in reversed(shape):
         out.append(acc)
-        acc *= s
+        acc *= max(s, 1)
     return tuple(reversed(out))
 
 

@@ -72,7 +72,7 @@ def numpy_array_node(arr: NumpyArray) -> TensorNode:
     order_dims = range(len(shape)) if is_fortran else range(len(shape) - 1, -1, -1)
     for d in order_dims:
         stride[d] = acc
-        acc *= shape[d]
+        acc *= max(shape[d], 1)  # as numpy (and torch) stride a size-0 dimension
     t.stride = tuple(stride)
     t.extra["inline"] = bytes(raw)
     return t
