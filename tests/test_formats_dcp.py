@@ -169,6 +169,21 @@ def test_load_info_and_check(dcp_checkpoints: Path, tmp_path: Path) -> None:
     assert r.returncode == 0 and "meta.epoch" in r.stdout and "[8, 6]" in r.stdout
 
 
+
+def test_check_goes_on_past_a_tensor_refused_when_read(tmp_path: Path) -> None:
+    """A tensor whose item is refused only when its bytes are read (a conj-bit tensor: not supported) is one
+    FAIL line of ckptfs check; the other tensors are still compared (no abort with exit status 2)."""
+    import torch.distributed.checkpoint as dcp
+
+    d = tmp_path / "d"
+    dcp.save({"a": torch.arange(4.0), "conj": torch.randn(3, dtype=torch.complex64).conj(), "z": torch.ones(2)},
+             checkpoint_id=d, no_dist=True)
+    r = run_ckptfs("check", "--trust", "--no-progress", str(d))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL conj: ckptfs refuses it: item __0_0.distcp@" in r.stdout and "conj/neg bits" in r.stdout, r.stdout
+    assert "2 tensors identical, 1 mismatched" in r.stdout, r.stdout
+
+
 def test_check_never_lets_torch_run_a_dcp_value_without_trust(tmp_path: Path) -> None:
     """torch's DCP reader loads byte values with torch.load(weights_only=False): checking such a checkpoint
     without --trust must not hand it to torch (ls, info and check all leave the marker uncreated)."""

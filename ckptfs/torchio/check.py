@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..dtypes import numpy_dtype
-from ..errors import CkptfsError
+from ..errors import CkptfsError, FormatError, TensorError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.index import COMPOSITE, TENSOR, Group
 from ..model.meta import Meta
@@ -229,8 +229,12 @@ def compare(catalog: Catalog, reference: Any) -> Iterator[Outcome]:
         except (KeyError, IndexError, TypeError):
             problem = "not found in torch.load's result"
         else:
-            problem = (_compare_composite(catalog, i, meta, expected) if index.kinds[i] == COMPOSITE
-                       else _compare(catalog, i, meta, expected))
+            try:
+                problem = (_compare_composite(catalog, i, meta, expected) if index.kinds[i] == COMPOSITE
+                           else _compare(catalog, i, meta, expected))
+            except (TensorError, UnsupportedError, FormatError) as e:  # found when its bytes are read (a DCP
+                # item's tensor): that tensor's outcome, the others are still compared
+                problem = f"ckptfs refuses it: {e.reason}"
         shape = tuple(meta.shape or ())
         if problem == "skip":
             yield Outcome(key, "skip", str(meta.unsupported), meta.dtype, shape)
