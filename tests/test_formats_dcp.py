@@ -80,6 +80,27 @@ def test_empty_tensors_have_torchs_strides(tmp_path: Path) -> None:
             assert ckpt.read(key) == b"", key
 
 
+
+def test_saved_parameters_load_as_torch_loads_them(tmp_path: Path) -> None:
+    """A Parameter / requires_grad tensor saved with dcp.save: dcp_to_torch_save gives a plain tensor that
+    does not require grad, and so do meta, tensor() and load (the saved flag is in the sidecar's extra)."""
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"p": torch.nn.Parameter(torch.randn(3, 2)), "r": torch.randn(2, requires_grad=True), "b": torch.ones(2)}
+    dcp.save(sd, checkpoint_id=tmp_path / "d", no_dist=True)
+    want = torch_reference(tmp_path / "d", tmp_path)
+    loaded = ckptfs.load(tmp_path / "d")
+    with ckptfs.open(tmp_path / "d") as ckpt:
+        for key, value in want.items():
+            m = ckpt.meta(key)
+            assert m.requires_grad == value.requires_grad == ckpt.tensor(key).requires_grad, key
+            assert type(ckpt.tensor(key)) is type(value) is type(loaded[key]), key
+            assert loaded[key].requires_grad == value.requires_grad, key
+            assert m.extra.get("saved_requires_grad", False) is (key != "b"), key
+    r = run_ckptfs("check", "--trust", "--no-progress", str(tmp_path / "d"))
+    assert r.returncode == 0 and "3 tensors identical, 0 mismatched" in r.stdout, r.stdout + r.stderr
+
+
 def test_chunked_tensors_are_one_tensor_each(dcp_checkpoints: Path, tmp_path: Path) -> None:
     """A Shard(0) / Shard(1) / 2-D-mesh / uneven tensor is one tensor of its full shape; its sidecar lists
     the chunks as torch's own metadata reader gives them."""

@@ -218,7 +218,9 @@ class DcpCheckpoint:
         for s in entry.size:
             numel *= s
         ref = StorageRef(entry.fqn, entry.dtype, numel, "cpu", "dcp", self)
-        t = TensorNode("dense", ref, entry.dtype, entry.size, _contiguous(entry.size), 0, entry.requires_grad)
+        # not requires_grad even when the metadata's TensorProperties say so: torch's loaders (dcp_to_torch_save,
+        # dcp.load into an empty state_dict) make plain torch.empty tensors (the flag is in extra)
+        t = TensorNode("dense", ref, entry.dtype, entry.size, _contiguous(entry.size), 0, False)
         why = entry.error or self._storage_problem(entry)
         if why is not None:
             ref.error = t.error = why
@@ -379,6 +381,8 @@ class DcpCheckpoint:
                     d["transforms"] = list(c.storage.transforms)
             out.append(d)
         layout: dict[str, Any] = {"chunks": out}
+        if entry.requires_grad:
+            layout["saved_requires_grad"] = True
         src = self._storages.get(key)
         if isinstance(src, ChunkedTensor):
             layout["assembly"] = src.assembly
