@@ -159,6 +159,41 @@ def test_nested(tmp_path):
         assert ckpt.numpy("nt.offsets").tolist() == [0, 6, 18]
 
 
+def test_jagged_nested(tmp_path, capsys):
+    """Jagged-layout nested tensors (``layout=torch.jagged``: a NestedTensor subclass pickled through
+    ``_rebuild_njt``) are composites of values / offsets (/ lengths) rebuilt as torch.load rebuilds them."""
+    base = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3), torch.randn(1, 3)], layout=torch.jagged)
+    values = torch.randn(9, 4)
+    obj = {"njt": base,
+           "ints": torch.nested.nested_tensor([torch.arange(3), torch.arange(5)], layout=torch.jagged),
+           "lengths": torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 3, 5, 9]),
+                                                             lengths=torch.tensor([2, 1, 4])),
+           "grad": torch.nested.nested_tensor([torch.randn(2), torch.randn(3)], layout=torch.jagged,
+                                              requires_grad=True),
+           "x": torch.ones(2)}
+    p, ref = save_load(tmp_path, obj, weights_only=False)
+    with ckptfs.open(p) as ckpt:
+        m = ckpt.meta("njt")
+        assert (m.kind, m.tensor_kind, m.dtype, m.shape, m.error) == ("composite", "nested", "float32", (3,), None)
+        assert (m.extra["layout"], m.extra["ragged_idx"], m.extra["ndim"]) == ("jagged", 1, 3)
+        assert [ckpt.index.names[r] for r in ckpt.index.children(ckpt.row("lengths"))] == \
+            ["values", "offsets", "lengths"]
+        for key, want in ref.items():
+            got = ckpt.tensor(key)
+            assert got.dtype == want.dtype and got.requires_grad == want.requires_grad, key
+            if key == "x":
+                assert torch.equal(got, want)
+                continue
+            assert got.layout == torch.jagged and got._ragged_idx == want._ragged_idx, key
+            assert len(got.unbind()) == len(want.unbind()), key
+            assert all(torch.equal(a, b) for a, b in zip(got.unbind(), want.unbind(), strict=True)), key
+            assert ckpt.read(f"{key}.values") == torch_bytes(want.values()), key
+            assert ckpt.read(f"{key}.offsets") == torch_bytes(want.offsets()), key
+        assert ckpt.read("lengths.lengths") == torch_bytes(ref["lengths"].lengths())
+    assert main(["check", "--trust", str(p), "--no-progress"]) == EXIT_OK
+    assert "0 mismatched, 0 not compared" in capsys.readouterr().out
+
+
 def test_meta_conj_neg_and_parameter_state(tmp_path):
     z, z2 = torch.randn(4, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)
     p = torch.nn.Parameter(torch.randn(3))

@@ -119,6 +119,9 @@ def build_composite(catalog: Catalog, row: int, map_location: Any = "cpu", dtype
             names = [n for n in parts if n != "values"]
             out = torch.sparse_compressed_tensor(parts[names[0]], parts[names[1]], values, t.shape, layout=layout,
                                                  check_invariants=True)
+    elif t.kind == "nested" and extra.get("layout") == "jagged":
+        out = torch.nested.nested_tensor_from_jagged(parts["values"], parts["offsets"], lengths=parts.get("lengths"),
+                                                     jagged_dim=extra["ragged_idx"])
     elif t.kind == "nested":
         out = torch._nested_view_from_buffer(parts["buffer"].contiguous(), parts["sizes"], parts["strides"],
                                              parts["offsets"])
@@ -140,6 +143,9 @@ def part_of(tensor: torch.Tensor, name: str) -> torch.Tensor:
     if tensor.is_quantized:
         return {"int_repr": tensor.int_repr, "scales": tensor.q_per_channel_scales,
                 "zero_points": tensor.q_per_channel_zero_points}[name]()
+    if tensor.is_nested and tensor.layout == torch.jagged:
+        # the tensors the pickle holds (values() would be a view that requires grad with the NestedTensor)
+        return getattr(tensor, {"values": "_values", "offsets": "_offsets", "lengths": "_lengths"}[name])
     if tensor.is_nested:
         return {"buffer": tensor.values, "sizes": tensor._nested_tensor_size,
                 "strides": tensor._nested_tensor_strides, "offsets": tensor._nested_tensor_storage_offsets}[name]()

@@ -161,6 +161,36 @@ class ExoticConverter(DenseConverter):
                        f"strides {strides.shape}, offsets {offsets.shape}")
         return t
 
+    def _from_type(self, a: tuple[Any, ...], name: str) -> object:
+        if len(a) == 4 and getattr(a[0], "qualname", None) == _NJT_REBUILD and isinstance(a[2], tuple) \
+                and len(a[2]) == 1 and type(a[2][0]) is dict:
+            return self._jagged(a[2][0])
+        return super()._from_type(a, name)
+
+    def _jagged(self, kwargs: dict[Any, Any]) -> TensorNode:
+        """A jagged-layout nested tensor (``torch.nested.nested_tensor(..., layout=torch.jagged)``), pickled
+        as ``_rebuild_from_type_v2(_rebuild_njt, NestedTensor, ({values, offsets, lengths, _ragged_idx, ...},),
+        state)``: a composite of ``values`` (the constituents joined along the ragged dimension), ``offsets``
+        and, when saved, ``lengths``; ``_rebuild_njt`` itself is never called."""
+        values, offsets, lengths = (self.value(kwargs.get(k)) for k in ("values", "offsets", "lengths"))
+        ragged = kwargs.get("_ragged_idx")
+        t = TensorNode("nested", None, UINT8, (), None, 0, kwargs.get("requires_grad") is True)
+        t.extra = {"layout": "jagged", "ragged_idx": ragged}
+        if not (isinstance(values, TensorNode) and isinstance(offsets, TensorNode)
+                and (lengths is None or isinstance(lengths, TensorNode)) and type(ragged) is int):
+            t.error = f"jagged nested tensor components are not all tensors: {show(kwargs)}"
+            return t
+        t.dtype = values.dtype
+        n = offsets.shape[0] - 1 if len(offsets.shape) == 1 and offsets.shape[0] > 0 else 0
+        t.shape = (n,)
+        t.extra.update({"tensors": n, "ndim": len(values.shape) + 1,
+                        "device": values.storage.location if values.storage is not None else None})
+        t.parts = (("values", values), ("offsets", offsets)) + ((("lengths", lengths),) if lengths is not None else ())
+        if len(offsets.shape) != 1 or not values.shape or not 1 <= ragged <= len(values.shape):
+            t.error = (f"jagged nested tensor parts have shapes values {values.shape}, offsets {offsets.shape} "
+                       f"(ragged dimension {ragged})")
+        return t
+
     def _wrapper(self, a: tuple[Any, ...], name: str) -> TensorNode:
         """``_rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device,
         requires_grad)``: a tensor subclass with no storage of its own: metadata only."""
@@ -223,6 +253,7 @@ class ExoticConverter(DenseConverter):
 
 
 _QUANT_INT = {"qint8": "int8", "quint8": "uint8", "qint32": "int32"}
+_NJT_REBUILD = "torch.nested._internal.nested_tensor._rebuild_njt"
 #: quantized dtypes of sub-byte values: how many a byte holds
 _PACKED = {"quint4x2": 2, "quint2x4": 4}
 _SPARSE_PARTS = {
