@@ -356,6 +356,20 @@ def test_big_endian_files(tmp_path, dtype):
         assert torch.equal(ckpt.tensor("q").int_repr(), ref["q"].int_repr())
 
 
+def test_ckptfs_check_compares_saved_storages(tmp_path, capsys):
+    """A storage saved as itself (torch.save(t.untyped_storage()), a TypedStorage): ckptfs serves it as a 1-D
+    tensor of its elements; check compares those with the storage torch.load gives (no false mismatch)."""
+    t = torch.arange(6, dtype=torch.int16)
+    for name, obj, legacy in (("zip", {"u": t.untyped_storage(), "s": torch.arange(4.0).storage(), "t": t.clone()}, False),
+                              ("legacy", {"s": torch.arange(4.0).half().storage(), "t": t.clone()}, True)):
+        p = tmp_path / f"{name}.pt"
+        torch.save(obj, p, _use_new_zipfile_serialization=not legacy)
+        assert main(["check", str(p), "--no-progress"]) == EXIT_OK, name
+        assert f"{len(obj)} tensors identical, 0 mismatched" in capsys.readouterr().out, name
+    with ckptfs.open(tmp_path / "zip.pt") as ckpt:
+        assert (ckpt.meta("u").dtype, ckpt.meta("u").shape, ckpt.read("u")) == ("uint8", (12,), torch_bytes(t))
+
+
 def test_ckptfs_check_compares_every_kind(tmp_path, capsys):
     x = torch.randn(4, 6)
     obj = {"q": torch.quantize_per_tensor(x, 0.1, 3, torch.quint8),

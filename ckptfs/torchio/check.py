@@ -312,6 +312,11 @@ def _compare(catalog: Catalog, row: int, meta: Meta, expected: Any) -> str | Non
         dt = numpy_dtype(t.dtype, catalog.byteorder_of(t, row))
         stored = np.ascontiguousarray(expected, dtype=dt)  # numpy may unpickle to native order
         return None if read() == stored.tobytes() else "bytes differ from numpy's"
+    if isinstance(expected, (torch.TypedStorage, torch.UntypedStorage)):  # a storage saved as itself: ckptfs
+        # serves it as a 1-D tensor of its elements (uint8 for an untyped one)
+        untyped = expected if isinstance(expected, torch.UntypedStorage) else expected._untyped_storage
+        sdt = torch.uint8 if isinstance(expected, torch.UntypedStorage) else expected.dtype
+        expected = torch.empty(0, dtype=sdt).set_(untyped, 0, (untyped.nbytes() // sdt.itemsize,))  # type: ignore[call-overload]
     if not isinstance(expected, torch.Tensor):
         return f"torch.load gives a {type(expected).__name__} here, not a tensor"
     if meta.unsupported:
