@@ -1,0 +1,57 @@
+"""Names a hostile file gives to things other than its keys: TorchScript code/ members, a directory's other
+files. In the mount they follow docs/layout.md (1.3, 1.5): no name over NAME_MAX; on the terminal they are
+escaped like keys."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import ckptfs
+from ckptfs.views.namespace import DIR, MAX_NAME
+from ckptfs.views.tree import TreeView
+
+CODE_NAMES = ["a" * 300, "%" * 200, "\u00e9" * 200, "x/" + "b" * 250, "\x1b[2J", "line\nforged"]
+
+
+@pytest.fixture()
+def scripted(tmp_path: Path) -> Path:
+    """A TorchScript archive with extra code/ members of hostile names."""
+    plain, out = tmp_path / "plain.pt", tmp_path / "ts.pt"
+    torch.jit.script(torch.nn.Linear(2, 2)).save(str(plain))
+    with zipfile.ZipFile(plain) as zin, zipfile.ZipFile(out, "w") as z:
+        root = zin.namelist()[0].split("/")[0]
+        for info in zin.infolist():
+            z.writestr(info, zin.read(info))
+        for name in CODE_NAMES:
+            z.writestr(f"{root}/code/{name}.py", f"# {len(name)}\n")
+    return out
+
+
+def _walk(view: TreeView, node: int) -> tuple[list[str], int]:
+    """Every name under ``node``, and how many files."""
+    names, files = [], 0
+    for name, child in view.listdir(node):
+        names.append(name)
+        if view.node_type(child) == DIR:
+            sub, n = _walk(view, child)
+            names, files = names + sub, files + n
+        else:
+            files += 1
+    return names, files
+
+
+def test_long_code_file_names_fit_in_name_max(scripted: Path) -> None:
+    """Code files named with 300-605 bytes were served under those names (over NAME_MAX: `cp -r` of the
+    mount fails, statfs says 255); they are shortened as long keys are, and every one is still there."""
+    with ckptfs.open(scripted) as ckpt:
+        view = TreeView(ckpt.catalog)
+        code = view.lookup(".ckptfs/code")
+        assert code is not None
+        names, files = _walk(view, code)
+        assert files == len(ckpt.code_files()) == len(CODE_NAMES) + 1  # (+ torch's own)
+        assert max(len(n.encode()) for n in names) <= MAX_NAME, sorted(len(n.encode()) for n in names)
+        assert sum("%#" in n for n in names) == 4
