@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_ckptfs
 
 import ckptfs
 from ckptfs.views.namespace import DIR, MAX_NAME
@@ -55,3 +56,17 @@ def test_long_code_file_names_fit_in_name_max(scripted: Path) -> None:
         assert files == len(ckpt.code_files()) == len(CODE_NAMES) + 1  # (+ torch's own)
         assert max(len(n.encode()) for n in names) <= MAX_NAME, sorted(len(n.encode()) for n in names)
         assert sum("%#" in n for n in names) == 4
+
+
+def test_code_list_escapes_names(scripted: Path) -> None:
+    """`ckptfs code CKPT` printed member names raw: an ESC sequence reached the terminal, a newline forged a
+    second line. They are escaped as `ls` escapes keys, and the escaped form names the file."""
+    r = run_ckptfs("code", str(scripted))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "\\x1b[2J.py" in lines and "line\\nforged.py" in lines
+    assert len(lines) == len(CODE_NAMES) + 1 and all(line.isprintable() for line in lines)
+    r = run_ckptfs("code", str(scripted), "line\\nforged.py")
+    assert r.returncode == 0 and r.stdout == "# 11\n", r.stderr
+    r = run_ckptfs("code", str(scripted), "\x1b[2J.py")
+    assert r.returncode == 0 and r.stdout == "# 4\n", r.stderr

@@ -218,11 +218,13 @@ def cmd_code(args: argparse.Namespace) -> int:
         files = ckpt.code_files()
     if not files:
         raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)
-    if args.path is None:
+    if args.path is None:  # names escaped as ls escapes keys (a name may hold ESC sequences, newlines)
         for name in files:
-            print(name)
+            print(oneline(name))
         return EXIT_OK
-    if args.path not in files:
+    shown = {oneline(name): name for name in files}  # a name as the list shows it works too
+    path = args.path if args.path in files else shown.get(args.path)
+    if path is None:
         raise CkptfsError(f"no code file {args.path!r} (see `ckptfs code {args.checkpoint}`)", file=ckpt.name)
-    sys.stdout.write(files[args.path].decode("utf-8", "replace"))
+    sys.stdout.write(files[path].decode("utf-8", "replace"))
     return EXIT_OK
