@@ -70,3 +70,26 @@ def test_code_list_escapes_names(scripted: Path) -> None:
     assert r.returncode == 0 and r.stdout == "# 11\n", r.stderr
     r = run_ckptfs("code", str(scripted), "\x1b[2J.py")
     assert r.returncode == 0 and r.stdout == "# 4\n", r.stderr
+
+
+def test_member_named_with_invalid_utf8_keeps_its_tensors(tmp_path: Path) -> None:
+    """A directory file named with bytes that are not UTF-8 (`\\xff\\xfe.pt`): its safetensors view file named
+    its tensor `w` but left it out, "its name is not valid UTF-8" — the check saw the directory's key
+    (`\\udcff\\udcfe.w`), not the name in that file. Names are judged as the file names them."""
+    from ckptfs.views.model_dir import member_files, open_model
+
+    d = tmp_path / "runs"
+    d.mkdir()
+    torch.save({"w": torch.ones(2)}, d / "ok.pt")
+    with open(bytes(d) + b"/\xff\xfe.pt", "wb") as f:
+        torch.save({"w": torch.full((2,), 3.0), "\udcff": torch.ones(1)}, f)
+    model = open_model(str(d))
+    try:
+        files, omitted = member_files(model)
+        by_name = {name: f for name, f in files}
+        odd = by_name["\udcff\udcfe.safetensors"]
+        assert [e.name for e in odd.tensors] == ["w"]
+        assert omitted == {"\udcff\udcfe.\udcff": "its name is not valid UTF-8 (a lone surrogate): safetensors "
+                                                  "names are UTF-8"}
+    finally:
+        model.catalog.close()
