@@ -83,7 +83,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 assert t is not None  # a tensor row's meta
                 nb = nbytes(t)
                 n_t += 1
-                total += nb
+                total += 0 if t.error else nb  # (as info: a tensor that is not served holds no data)
                 note = t.error and f"error: {t.error}" or t.unsupported and f"({t.kind}: not served)" or ""
                 why = not_held.get(ckpt.row(m.key)) if not t.error else None
                 if why:
