@@ -20,3 +20,22 @@ def test_ls_total_leaves_out_tensors_that_are_not_served(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     assert "error:" in r.stdout
     assert "2 tensors, 0 other values, 24 of tensor data" in r.stderr, r.stderr
+
+
+def test_ls_tree_keeps_keys_that_are_prefixes_and_deep_keys(tmp_path: Path) -> None:
+    """`ls --tree` dropped a key that is also the prefix of others (`a` and `a.b`: whichever came second
+    was lost, and its bytes left out of the totals), and a key of 5,000 dots was an internal error
+    (RecursionError). Both are shown; a key is at most MAX_PIECES levels, as in the mount."""
+    tiny = lambda key: lambda p: p.tensor(key, 1, (1,), (1,))  # noqa: E731
+    deep = ".".join(["x"] * 5000)
+    pickle = state_dict([("a", tiny("0")), ("a.b", tiny("1")), ("c.d", tiny("2")), ("c", tiny("3")),
+                         (deep, tiny("4"))])
+    path = tmp_path / "tree.pt"
+    path.write_bytes(torch_zip(pickle, {str(i): bytes(4) for i in range(5)}).data)
+    r = run_ckptfs("ls", "--tree", "-b", str(path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "tree.pt  (20)"
+    assert lines[1:7] == ["├── a  float32 [1]  4", "├── a/  (4)", "│   └── b  float32 [1]  4",
+                          "├── c  float32 [1]  4", "├── c/  (4)", "│   └── d  float32 [1]  4"]
+    assert len(lines) == 7 + 64 and lines[-1].endswith("x" + ".x" * (5000 - 64) + "  float32 [1]  4")
