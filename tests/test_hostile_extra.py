@@ -39,3 +39,15 @@ def test_ls_tree_keeps_keys_that_are_prefixes_and_deep_keys(tmp_path: Path) -> N
     assert lines[1:7] == ["├── a  float32 [1]  4", "├── a/  (4)", "│   └── b  float32 [1]  4",
                           "├── c  float32 [1]  4", "├── c/  (4)", "│   └── d  float32 [1]  4"]
     assert len(lines) == 7 + 64 and lines[-1].endswith("x" + ".x" * (5000 - 64) + "  float32 [1]  4")
+
+
+def test_stats_summary_counts_values_of_tensors_read(tmp_path: Path) -> None:
+    """`stats` on a file with a tensor refused for its 2^62 declared elements said "4611686.0T values" in its
+    summary: it counted the refused tensor's claim. Only the values of tensors read are counted."""
+    pickle = state_dict([("ok", lambda p: p.tensor("0", 6, (6,), (1,))),
+                         ("huge", lambda p: p.tensor("1", 24, (1 << 31, 1 << 31), (1 << 31, 1)))])
+    path = tmp_path / "lie.pt"
+    path.write_bytes(torch_zip(pickle, {"0": bytes(24), "1": bytes(96)}).data)
+    r = run_ckptfs("stats", str(path))
+    assert r.returncode == 2  # a tensor could not be read
+    assert r.stderr.splitlines()[-1] == "2 tensors, 6 values, no NaN, no Inf, 1 could not be read", r.stderr
