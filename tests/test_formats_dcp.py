@@ -170,6 +170,41 @@ def test_a_save_without_rank_coordination(dcp_checkpoints: Path, tmp_path: Path)
         assert ckpt.info()["container"]["rank_metadata_files"] == 4
 
 
+def _edit_rank(d: Path, rank: int, change) -> None:
+    with open(d / f"__{rank}.metadata", "rb") as f:
+        md = pickle.load(f)
+    change(md)
+    with open(d / f"__{rank}.metadata", "wb") as f:
+        pickle.dump(md, f)
+
+
+def test_ranks_that_disagree_on_an_entry(dcp_checkpoints: Path, tmp_path: Path) -> None:
+    """Rank 0 saying ``model.rep`` is a value and rank 1 a tensor gave the value, silently (the other order
+    was an error): both orders are an error on the tensor. Ranks placing an entry at two paths refuse the whole
+    checkpoint (which place is meant would depend on the reader)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    def as_value(md):
+        md.state_dict_metadata["model.rep"] = BytesStorageMetadata()
+        infos = [k for k in md.storage_data if k.fqn == "model.rep"]
+        info = md.storage_data[infos[0]]
+        for k in infos:
+            del md.storage_data[k]
+        md.storage_data[MetadataIndex("model.rep")] = info
+
+    for rank in (0, 1):
+        d = copy(dcp_checkpoints, tmp_path / str(rank), "w4nc")
+        _edit_rank(d, rank, as_value)
+        with ckptfs.open(d) as ckpt:
+            assert ckpt.meta("model.rep").kind == "tensor"
+            assert ckpt.meta("model.rep").error == "a tensor on one rank, a value on another"
+            assert ckpt.read("model.rows")  # the others are served
+    _edit_rank(d, 2, lambda md: md.planner_data.__setitem__("model.rep", ("model", "elsewhere")))
+    with pytest.raises(FormatError, match=r"__0\.metadata: model\.rep: ranks disagree on where it goes in "
+                                          r"the state_dict \(\['model', 'rep'\] vs \['model', 'elsewhere'\]\)"):
+        ckptfs.open(d)
+
+
 def test_load_info_and_check(dcp_checkpoints: Path, tmp_path: Path) -> None:
     d = dcp_checkpoints / "fsdp"
     want = torch_reference(d, tmp_path)

@@ -6,9 +6,11 @@ import argparse
 import fnmatch
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CkptfsError, oneline
+from ..views.namespace import MAX_PIECES
 from ..views.safetensors import omitted_notes  # (imported with the module: ls imports nothing while it reads)
 from .common import (
     EXIT_OK,
@@ -83,7 +85,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 assert t is not None  # a tensor row's meta
                 nb = nbytes(t)
                 n_t += 1
-                total += nb
+                total += 0 if t.error else nb  # (as info: a tensor that is not served holds no data)
                 note = t.error and f"error: {t.error}" or t.unsupported and f"({t.kind}: not served)" or ""
                 why = not_held.get(ckpt.row(m.key)) if not t.error else None
                 if why:
@@ -98,43 +100,55 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@dataclass
+class _Branch:
+    """A level of ``ls --tree``: the keys that end here (a key can also be a prefix of others, and two
+    keys can dot alike) and the levels below, with the bytes of the served tensors under it."""
+
+    leaves: list[Any] = field(default_factory=list)
+    children: dict[str, _Branch] = field(default_factory=dict)
+    total: int = 0
+
+
 def print_tree(ckpt: Any, rows: list[Any], args: argparse.Namespace) -> None:
-    """Keys split on '.', subtrees with their total size (like du)."""
+    """Keys split on '.' (at most MAX_PIECES levels, as in the mount), subtrees with their total size (like
+    du). Built and printed without recursion: a key of 10^5 dots is 64 levels."""
     size = (lambda n: str(n)) if args.bytes else human
-    tree: dict[str, Any] = {}
+    root = _Branch()
     for m in rows:
-        node = tree
-        parts = m.key.split(".") if m.key else ["<root>"]
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                break
+        nb = (m.nbytes or 0) if m.kind == "tensor" and not m.error else 0
+        node = root
+        for p in m.key.split(".", MAX_PIECES - 1) if m.key else ["<root>"]:
+            node.total += nb  # (the levels above the key: a key that is also a prefix is not its own subtree)
+            node = node.children.setdefault(p, _Branch())
+        node.leaves.append(m)
+
+    def items(b: _Branch) -> list[tuple[str, Any]]:
+        return [(name, x) for name, c in b.children.items() for x in [*c.leaves, *([c] if c.children else [])]]
+
+    print(f"{oneline(os.path.basename(ckpt.name))}  ({size(root.total)})")
+    stack = [(iter(items(root)), "", len(items(root)))]
+    counts = [0]
+    while stack:
+        it, indent, n = stack[-1]
+        item = next(it, None)
+        if item is None:
+            stack.pop()
+            counts.pop()
+            continue
+        counts[-1] += 1
+        last = counts[-1] == n
+        branch = "└── " if last else "├── "
+        name, child = item
+        if isinstance(child, _Branch):
+            print(f"{indent}{branch}{oneline(name)}/  ({size(child.total)})")
+            sub = items(child)
+            stack.append((iter(sub), indent + ("    " if last else "│   "), len(sub)))
+            counts.append(0)
+        elif child.kind == "tensor":
+            print(f"{indent}{branch}{oneline(name)}  {child.dtype} {shape_text(child.shape)}  {size(child.nbytes)}")
         else:
-            node[parts[-1]] = m
-
-    def total(node: Any) -> int:
-        if isinstance(node, dict):
-            return sum(total(v) for v in node.values())
-        return node.nbytes or 0 if node.kind == "tensor" else 0
-
-    def walk(node: dict[str, Any], indent: str) -> None:
-        items = list(node.items())
-        for n, (name, child) in enumerate(items):
-            last = n == len(items) - 1
-            branch = "└── " if last else "├── "
-            if isinstance(child, dict):
-                print(f"{indent}{branch}{oneline(name)}/  ({size(total(child))})")
-                walk(child, indent + ("    " if last else "│   "))
-            elif child.kind == "tensor":
-                print(f"{indent}{branch}{oneline(name)}  {child.dtype} {shape_text(child.shape)}  {size(child.nbytes)}")
-            else:
-                print(f"{indent}{branch}{oneline(name)}  = {leaf_preview(ckpt.value(child.key))}")
-
-    print(f"{oneline(os.path.basename(ckpt.name))}  ({size(total(tree))})")
-    walk(tree, "")
-
-
-# --- info ---------------------------------------------------------------------------------------------
+            print(f"{indent}{branch}{oneline(name)}  = {leaf_preview(ckpt.value(child.key))}")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -218,11 +232,13 @@ def cmd_code(args: argparse.Namespace) -> int:
         files = ckpt.code_files()
     if not files:
         raise CkptfsError(f"a {ckpt.format} checkpoint has no TorchScript code", file=ckpt.name)
-    if args.path is None:
+    if args.path is None:  # names escaped as ls escapes keys (a name may hold ESC sequences, newlines)
         for name in files:
-            print(name)
+            print(oneline(name))
         return EXIT_OK
-    if args.path not in files:
+    shown = {oneline(name): name for name in files}  # a name as the list shows it works too
+    path = args.path if args.path in files else shown.get(args.path)
+    if path is None:
         raise CkptfsError(f"no code file {args.path!r} (see `ckptfs code {args.checkpoint}`)", file=ckpt.name)
-    sys.stdout.write(files[args.path].decode("utf-8", "replace"))
+    sys.stdout.write(files[path].decode("utf-8", "replace"))
     return EXIT_OK

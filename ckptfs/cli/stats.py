@@ -129,7 +129,7 @@ def _table(results: list[Any]) -> None:
 
 def _summary(results: list[Any], args: argparse.Namespace) -> None:
     n = len(results)
-    elements = sum(s.numel for s in results)
+    elements = sum(s.numel for s in results if not s.error)  # (values looked at: not a refused tensor's claim)
     with_nan = [s for s in results if s.nan]
     with_inf = [s for s in results if s.inf]
     parts = [f"{plural(n, 'tensor')}{' with NaN or Inf' if args.nonfinite else ''}, {count_text(elements)} values"]

@@ -127,8 +127,15 @@ class LocalDirectory:
             raise FormatError("refused: a symlink leads outside the directory", file=self.name, record=rel)
         return real
 
+    def _chain(self, path: str) -> set[str]:
+        """The real paths of directory ``path`` and of every directory above it up to the root: a symlink to
+        one of them is a loop (walking it would list the same directories again, for ever or exponentially)."""
+        parts = check_relative(path).split("/") if path else []
+        return {self.root} | {os.path.realpath(os.path.join(self.root, *parts[:i])) for i in range(1, len(parts) + 1)}
+
     def list(self, path: str = "") -> list[DirEntry]:
         real = self._resolve(path) if path else self.root
+        chain = self._chain(path)
         plain = self._plain
         prefix = path.rstrip("/") + "/" if path else ""
         out = []
@@ -141,9 +148,13 @@ class LocalDirectory:
                         out.append(DirEntry(prefix + e.name, 0, False, "a symlink to nothing"))
                         continue
                     refused = None
-                    if e.is_symlink() and not self._inside(os.path.realpath(e.path)):
-                        refused = "a symlink leads outside the directory"
                     is_dir = stat.S_ISDIR(st.st_mode)
+                    if e.is_symlink():
+                        target = os.path.realpath(e.path)
+                        if not self._inside(target):
+                            refused = "a symlink leads outside the directory"
+                        elif is_dir and target in chain:
+                            refused = "a symlink loop (it leads back to a directory that holds it)"
                     if not is_dir and not stat.S_ISREG(st.st_mode):
                         refused = refused or "not a regular file"
                     if not refused and not is_dir and not e.is_symlink():

@@ -41,7 +41,7 @@ from ..model.opener import Target, resolve
 from ..model.sharded import BIN_INDEX, SAFETENSORS_INDEX, ShardIndex, cross_check, read_index
 from ..source import ByteSource, Directory, DirEntry
 from ..source.options import RemoteOptions
-from .safetensors import FORMAT_KEY, RESERVED_PREFIX, ROOT_NAME, SafetensorsFile, Selection, select
+from .safetensors import FORMAT_KEY, RESERVED_PREFIX, SafetensorsFile, Selection, relative_key, select
 
 #: index files of sharded PyTorch weights: <prefix>.bin.index[.<variant>].json
 _INDEX_RE = re.compile(r"^(?P<prefix>.+)\.bin\.index(?:\.(?P<variant>[^./]+))?\.json$")
@@ -322,7 +322,7 @@ def member_files(model: ModelSource) -> tuple[list[tuple[str, SafetensorsFile]],
     files: list[tuple[str, SafetensorsFile]] = []
     omitted: dict[str, str] = {}
     for part in model.parts:
-        sel = select(model.catalog, part.roots)
+        sel = select(model.catalog, part.roots, part.base)
         omitted.update(sel.omitted)
         metadata = _relative(sel, part.base, omitted)
         files.append((part.path, SafetensorsFile(sel.tensors, metadata, name=part.path)))
@@ -333,10 +333,9 @@ def _relative(sel: Selection, base: str, omitted: dict[str, str]) -> dict[str, s
     """Rename a selection's tensors, values and omitted entries relative to ``base`` (its metadata, then)."""
     if not base:
         return sel.metadata()
-    cut = len(base) + 1
 
     def local(key: str) -> str:
-        return ROOT_NAME if key == base else key[cut:] if key.startswith(base + ".") else key
+        return relative_key(key, base)
 
     tensors = []
     for e in sel.tensors:

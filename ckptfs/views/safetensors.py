@@ -131,7 +131,7 @@ class Selection:
         return md
 
 
-def select(catalog: Catalog, roots: Sequence[int] | None = None) -> Selection:
+def select(catalog: Catalog, roots: Sequence[int] | None = None, base: str = "") -> Selection:
     """Walk the catalog's tree (or the subtrees at ``roots``) in checkpoint order and sort every entry into
     a tensor of the file, a metadata value, or an omitted entry.
 
@@ -143,6 +143,9 @@ def select(catalog: Catalog, roots: Sequence[int] | None = None) -> Selection:
     * a composite tensor (sparse, nested, per-channel quantized), and any tensor safetensors cannot hold,
       is omitted, with why;
     * a shared container met again (a link) is the value ``{"$ref": "<key of the first>"}``.
+
+    ``base``: the key the names in the file are relative to (a member file of a directory: its tensors are
+    named as in that file alone), so a name is judged without it.
     """
     index = catalog.index
     kinds, nodes, keys = index.kinds, index.nodes, index.keys
@@ -154,7 +157,7 @@ def select(catalog: Catalog, roots: Sequence[int] | None = None) -> Selection:
         kind = kinds[i]
         key = keys[i] if i else ROOT_NAME
         if kind == TENSOR:
-            _add_tensor(catalog, i, key, sel)
+            _add_tensor(catalog, i, key, sel, base)
         elif kind == COMPOSITE:
             t: TensorNode = nodes[i]  # type: ignore[assignment]
             what = _composite_text(t)
@@ -166,7 +169,7 @@ def select(catalog: Catalog, roots: Sequence[int] | None = None) -> Selection:
                 if r != i:
                     sel.notes[r] = f"part of {key} ({what})"
         elif kind == LEAF or kind == LINK or (kind in CONTAINERS and i and not holds[i]):
-            _add_value(index, i, key, sel)
+            _add_value(index, i, key, sel, base)
         elif kind in CONTAINERS:
             if kind == OPAQUE:
                 sel.omitted[key] = (f"an object of class {_qualname(nodes[i])} (never imported): its tensors are "
@@ -196,10 +199,10 @@ def omitted_notes(catalog: Catalog) -> dict[int, str]:
     return notes
 
 
-def _add_tensor(catalog: Catalog, row: int, key: str, sel: Selection) -> None:
+def _add_tensor(catalog: Catalog, row: int, key: str, sel: Selection, base: str = "") -> None:
     t: TensorNode = catalog.index.nodes[row]  # type: ignore[assignment]
     ensure_valid(t, catalog.limits.max_ndim)  # geometry against the storage's record (nothing read)
-    why = unsupported_reason(t) or _name_problem(key)
+    why = unsupported_reason(t) or _name_problem(relative_key(key, base))
     if why is not None:
         sel.omitted[key] = why
         sel.notes[row] = why
@@ -242,6 +245,13 @@ def unsupported_reason(t: TensorNode) -> str | None:
 
 #: dtypes whose values ckptfs can negate / conjugate (torch sets those bits on these only in practice)
 _SIGNED = ("float16", "bfloat16", "float32", "float64", "complex64", "int8", "int16", "int32", "int64")
+
+
+def relative_key(key: str, base: str) -> str:
+    """``key`` as named in the file of the subtree at ``base`` ("": the whole checkpoint)."""
+    if not base:
+        return key
+    return ROOT_NAME if key == base else key[len(base) + 1:] if key.startswith(base + ".") else key
 
 
 def _name_problem(key: str) -> str | None:
@@ -288,8 +298,8 @@ def _subtree(index: Index, i: int) -> Iterable[int]:
 # --- values as JSON ---------------------------------------------------------------------------------------------
 
 
-def _add_value(index: Index, row: int, key: str, sel: Selection) -> None:
-    problem = _name_problem(key)
+def _add_value(index: Index, row: int, key: str, sel: Selection, base: str = "") -> None:
+    problem = _name_problem(relative_key(key, base))
     if problem is not None:
         sel.omitted[key] = f"a value: {problem}"
         return

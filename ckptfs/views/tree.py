@@ -41,7 +41,7 @@ from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS, nbytes
 from ..pickle.nodes import TensorNode
 from ..source import ByteSource
-from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape
+from .namespace import DIR, FILE, SIDECAR_SUFFIX, build_tree, escape, shorten
 from .namespace import LINK as NS_LINK
 from .npy import npy_content
 
@@ -110,7 +110,8 @@ class TreeView:
         """``/.ckptfs/<dirname>/<path>`` for each attachment (TorchScript sources, other files); read (or
         inflated) only when opened. The paths come from the file: each component is kept when it is a plain
         file name, escaped (namespace.escape) otherwise, so nothing can climb out or collide with ckptfs's
-        names. Returns {path: node} of the files placed."""
+        names; one over namespace.LONG_NAME bytes is shortened as keys' names are. Returns {path: node} of
+        the files placed."""
         tree = self.tree
         top = tree.add(reserved, dirname, DIR)
         placed: dict[str, int] = {}
@@ -118,8 +119,8 @@ class TreeView:
             parent = top
             parts = attachment.path.split("/")
             for i, part in enumerate(parts):
-                name = part if part not in ("", ".", "..") and part.isprintable() and "%" not in part \
-                    else escape(part) or "%%''"
+                name = shorten(part if part not in ("", ".", "..") and part.isprintable() and "%" not in part
+                               else escape(part) or "%%''")  # (a long one: within NAME_MAX, as keys' names)
                 child = tree.entries[parent].get(name)
                 last = i == len(parts) - 1
                 if child is None:

@@ -56,10 +56,11 @@ def is_dcp_directory(names: Sequence[str]) -> bool:
     return bool(metadata_files(names)) and any(n.endswith(DISTCP) for n in names)
 
 
-def _merged(metas: list[DcpMetadata]) -> DcpMetadata:
+def _merged(metas: list[DcpMetadata], name: str) -> DcpMetadata:
     """Every rank's metadata (a save without coordination) as one: entries united in rank order; a tensor's
     chunks from every rank, a chunk two ranks wrote (a replicated tensor) kept once, from the first; two
-    ranks disagreeing on a tensor's dtype or shape, or on what an entry is, make it an error."""
+    ranks disagreeing on a tensor's dtype or shape, or on what an entry is, make it an error (in either rank
+    order); ranks placing an entry at two paths refuse the checkpoint (``name``: the first metadata file)."""
     out = DcpMetadata({}, {}, metas[0].version, dict(metas[0].facts))
     for meta in metas:
         for fqn, entry in meta.entries.items():
@@ -75,10 +76,15 @@ def _merged(metas: list[DcpMetadata]) -> DcpMetadata:
                 seen = {(c.offsets, c.sizes) for c in have.chunks}
                 have.chunks += [c for c in entry.chunks if (c.offsets, c.sizes) not in seen]
                 have.error = have.error or entry.error
-            elif type(have) is not type(entry) and isinstance(have, TensorEntry):
-                have.error = have.error or "a tensor on one rank, a value on another"
+            elif type(have) is not type(entry):  # the tensor kept (in the first one's place), with the error
+                tensor = have if isinstance(have, TensorEntry) else entry
+                assert isinstance(tensor, TensorEntry)
+                tensor.error = tensor.error or "a tensor on one rank, a value on another"
+                out.entries[fqn] = tensor
         for fqn, path in meta.paths.items():
-            out.paths.setdefault(fqn, path)
+            if out.paths.setdefault(fqn, path) != path:
+                raise FormatError(f"ranks disagree on where it goes in the state_dict ({list(out.paths[fqn])} vs "
+                                  f"{list(path)})", file=name, record=fqn)
     return out
 
 
@@ -186,7 +192,7 @@ class DcpCheckpoint:
         metas = []
         for source, data in zip(self.sources, datas, strict=True):
             metas.append(read_metadata(source, self.limits, data))
-        meta = self.meta = metas[0] if len(metas) == 1 else _merged(metas)
+        meta = self.meta = metas[0] if len(metas) == 1 else _merged(metas, self.sources[0].name)
         n_tensors = sum(1 for e in meta.entries.values() if isinstance(e, TensorEntry))
         if n_tensors > self.limits.max_tensors:
             raise LimitError(f"{n_tensors} tensors is over the limit of {self.limits.max_tensors}",
