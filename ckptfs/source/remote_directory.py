@@ -25,7 +25,7 @@ from .directory import DirEntry, check_relative
 from .fsspec_remote import FsspecTransport
 from .options import RemoteOptions
 from .remote import Deadline, NotFound, Transient, open_url, retrying
-from .urls import redact_url, scheme
+from .urls import chain, is_chain, redact_url, scheme
 
 NO_LISTING = ("the server gives no directory listing; name the files themselves, or turn listings on (nginx: "
               "autoindex on)")
@@ -42,12 +42,12 @@ class RemoteDirectory:
                  remote: RemoteOptions | None = None) -> None:
         self._url = url if url.endswith("/") else url + "/"
         self.name = redact_url(self._url)
-        last = urlsplit(self._url.rsplit("::", 1)[-1])
+        last = urlsplit(chain(self._url)[-1])
         if last.query or last.fragment:
             raise CkptfsError("a directory URL has no query or fragment (?... #...)", file=self.name)
         self._storage_options = dict(storage_options or {})
         self._remote = remote or RemoteOptions()
-        self._http = scheme(self._url) in ("http", "https") and "::" not in self._url
+        self._http = scheme(self._url) in ("http", "https") and not is_chain(self._url)
         if self._http:  # listed by fsspec with the credentials and TLS settings of ckptfs's own client
             from .http import HttpTransport
 
