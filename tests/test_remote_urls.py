@@ -1,5 +1,5 @@
-"""URL shapes met in the wild, against a real nginx: IPv6 hosts; bytes compared with torch.load of the file
-nginx serves."""
+"""URL shapes met in the wild, against a real nginx: IPv6 hosts, paths with spaces and non-ASCII characters
+(as typed, or percent-encoded); bytes compared with torch.load of the file nginx serves."""
 
 from __future__ import annotations
 
@@ -46,3 +46,22 @@ def test_an_ipv6_host(nginx, served):
                                                        "not found (HTTP 404 Not Found)"), r.stderr
     r = run_ckptfs("ls", nginx.url("urls-dir/", ipv6=True))
     assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("path", ["my models/ré sumé.pth", "my%20models/r%C3%A9%20sum%C3%A9.pth"])
+def test_spaces_and_non_ascii_in_the_path(nginx, served, path):
+    """As typed (spaces, é) the path is percent-encoded on the request line; already encoded, it is kept."""
+    since = len(nginx.log())
+    with ckptfs.open(nginx.url(path), remote=ckptfs.RemoteOptions(timeout=5)) as ckpt:
+        assert ckpt.read("big") == torch_bytes(served.expected["big"])
+    assert {e["status"] for e in nginx.requests_for("/my models/ré sumé.pth", since)} == {206}
+    r = run_ckptfs("check", nginx.url(path))
+    assert r.returncode == 0, r.stderr
+    r = run_ckptfs("ls", nginx.url("my models/"))
+    assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr
+
+
+def test_a_control_character_is_encoded_not_retried(nginx):
+    """http.client refuses a control character on the request line: encoded, it is an ordinary 404 at once."""
+    r = run_ckptfs("info", nginx.url("a\x7fb.pth"), "--timeout", "20")
+    assert r.returncode == 2 and "not found (HTTP 404" in r.stderr and "gave up" not in r.stderr, r.stderr

@@ -22,7 +22,7 @@ import ssl
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from .._version import __version__
 from ..errors import CkptfsError, RemoteError
@@ -59,7 +59,7 @@ class _Target:
             raise CkptfsError(f"not a valid URL ({e})", file=redact_url(url)) from None
         if p.scheme not in ("http", "https") or not p.hostname:
             raise CkptfsError("not an http(s) URL with a host", file=redact_url(url))
-        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        path = _requote(p.path or "/") + (f"?{_requote(p.query)}" if p.query else "")
         return cls(p.scheme, p.hostname, port or (443 if p.scheme == "https" else 80), path)
 
     @property
@@ -247,6 +247,8 @@ class HttpTransport:
             return Transient(f"connection to {where} reset or closed")
         if isinstance(e, ssl.SSLError):
             return Transient(self._redact(f"TLS error with {where}: {e.reason or e}"))
+        if isinstance(e, http.client.InvalidURL):
+            return RemoteError(self._redact(f"not a valid URL ({e})"))
         if isinstance(e, http.client.HTTPException):
             return Transient(self._redact(f"bad response from {where} ({type(e).__name__})"))
         if isinstance(e, OSError):  # unreachable network or host, aborted connection ...
@@ -414,6 +416,12 @@ def proxy_for(scheme: str, host: str) -> Proxy | None:
 def _proxy_headers(target: _Target) -> dict[str, str]:
     proxy = proxy_for(target.scheme, target.host)
     return proxy.headers if proxy is not None else {}
+
+
+def _requote(text: str) -> str:
+    """A URL's path or query as it goes on the request line: characters a URL cannot hold (spaces, non-ASCII,
+    controls) percent-encoded, as browsers, curl and requests send them; existing ``%XX`` escapes kept."""
+    return quote(text, safe="!#$%&'()*+,/:;=?@[]~")
 
 
 def _remaining(deadline: Deadline, target: _Target) -> float:
