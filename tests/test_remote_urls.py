@@ -1,5 +1,6 @@
 """URL shapes met in the wild, against a real nginx: IPv6 hosts, paths with spaces and non-ASCII characters
-(as typed, or percent-encoded); bytes compared with torch.load of the file nginx serves."""
+(as typed, or percent-encoded), https:// at a plain HTTP port; bytes compared with torch.load of the file nginx
+serves."""
 
 from __future__ import annotations
 
@@ -65,3 +66,20 @@ def test_a_control_character_is_encoded_not_retried(nginx):
     """http.client refuses a control character on the request line: encoded, it is an ordinary 404 at once."""
     r = run_ckptfs("info", nginx.url("a\x7fb.pth"), "--timeout", "20")
     assert r.returncode == 2 and "not found (HTTP 404" in r.stderr and "gave up" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("path", [NAME, "urls-dir/"])
+def test_https_to_a_plain_http_port_is_refused_at_once(nginx, served, path):
+    """https:// at nginx's plain HTTP port: one line saying so, not --timeout seconds of TLS retries."""
+    url = f"https://127.0.0.1:{nginx.port}/{path}"
+    r = run_ckptfs("ls", url, "--timeout", "20")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"127.0.0.1:{nginx.port} does not speak TLS" in r.stderr and "gave up" not in r.stderr, r.stderr
+
+
+def test_an_untrusted_certificate_is_one_line_for_a_directory_too(nginx, served):
+    r = run_ckptfs("ls", nginx.url("urls-dir/", https=True), "--timeout", "20")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"the TLS certificate of 127.0.0.1:{nginx.https_port} is not trusted" in r.stderr, r.stderr
+    r = run_ckptfs("ls", nginx.url("urls-dir/", https=True), "--storage-option", f"verify={nginx.cert}")
+    assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr

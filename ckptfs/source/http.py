@@ -35,6 +35,9 @@ MAX_REDIRECTS = 8
 REDIRECTS = (301, 302, 303, 307, 308)
 RETRY_STATUS = (408, 425, 429)
 CHUNK = 1 << 20
+#: TLS failures that trying again cannot cure: the port speaks plain HTTP, or no common protocol version
+TLS_MISMATCH = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "UNSUPPORTED_PROTOCOL", "NO_PROTOCOLS_AVAILABLE",
+                "TLSV1_ALERT_PROTOCOL_VERSION")
 _RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _UNSATISFIED = re.compile(r"bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 
@@ -231,9 +234,8 @@ class HttpTransport:
         where = target.where
         if isinstance(e, (Transient, CkptfsError)):
             return e
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return RemoteError(self._redact(f"the TLS certificate of {where} is not trusted ({e.verify_message}); "
-                                            "storage option verify=PATH names a CA bundle"))
+        if isinstance(e, ssl.SSLError) and (refused := tls_refusal(e, where)) is not None:
+            return RemoteError(self._redact(refused))
         if isinstance(e, socket.gaierror):
             if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
                 return RemoteError(f"cannot resolve the host name {target.host}")
@@ -422,6 +424,17 @@ def _requote(text: str) -> str:
     """A URL's path or query as it goes on the request line: characters a URL cannot hold (spaces, non-ASCII,
     controls) percent-encoded, as browsers, curl and requests send them; existing ``%XX`` escapes kept."""
     return quote(text, safe="!#$%&'()*+,/:;=?@[]~")
+
+
+def tls_refusal(e: ssl.SSLError, where: str) -> str | None:
+    """Why a TLS failure with ``where`` (host:port) is final, or None (worth retrying): an untrusted
+    certificate, or a port that does not speak TLS (an ``https://`` URL of a plain HTTP server)."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return (f"the TLS certificate of {where} is not trusted ({e.verify_message}); storage option verify=PATH "
+                "names a CA bundle")
+    if e.reason in TLS_MISMATCH:
+        return f"{where} does not speak TLS ({e.reason}): an http:// URL, or another port?"
+    return None
 
 
 def _remaining(deadline: Deadline, target: _Target) -> float:

@@ -160,8 +160,21 @@ async def _als(fs: Any, path: str, http: bool) -> Listing:
 
 def _http_status(e: Exception) -> Exception:
     """An HTTP error status of a listing request as ckptfs's own client classifies it."""
+    import ssl
+
     import aiohttp
 
+    from .http import tls_refusal
+
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        cause = e.certificate_error
+        where = f"{e.host}:{e.port}"
+        if isinstance(cause, ssl.SSLError) and (refused := tls_refusal(cause, where)) is not None:
+            return RemoteError(refused)
+    if isinstance(e, aiohttp.ClientConnectorSSLError) and isinstance(e.os_error, ssl.SSLError):
+        refused = tls_refusal(e.os_error, f"{e.host}:{e.port}")
+        if refused is not None:
+            return RemoteError(refused)
     if not isinstance(e, aiohttp.ClientResponseError):
         return e
     st = e.status
