@@ -329,6 +329,9 @@ class FaultProxy:
     * ``stall = True``: no byte moves in either direction (connections stay open) until it is False again;
     * ``resets = k``: the next k connections are reset (RST) after ``reset_after`` bytes from the server;
     * ``delay = s``: each chunk of client data (a request) and each new connection wait ``s`` seconds;
+    * ``chunked = True``: the bodies of the server's answers (to GET requests) re-framed with
+      ``Transfer-Encoding: chunked`` instead of their ``Content-Length``, as some reverse proxies and CDNs send
+      them (set before the connections it applies to are made);
     * ``connect = True``: an HTTP proxy's CONNECT (the request line is answered 200, then bytes flow to the
       upstream port whatever host it names); ``tunnels`` lists the targets asked for.
 
@@ -341,6 +344,7 @@ class FaultProxy:
         self.reset_after = 64 << 10
         self.delay = 0.0
         self.connect = False
+        self.chunked = False
         self.tunnels: list[str] = []
         self.connections = 0
         self.port = 0
@@ -402,7 +406,10 @@ class FaultProxy:
             self._socks.add(upstream)
         up = threading.Thread(target=self._to_server, args=(client, upstream), daemon=True, name="proxy-up")
         up.start()
-        self._to_client(upstream, client, reset)
+        if self.chunked:
+            self._rechunk(upstream, client)
+        else:
+            self._to_client(upstream, client, reset)
         up.join(5)
         self._close(client)
         self._close(upstream)
@@ -470,6 +477,41 @@ class FaultProxy:
                 client.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    def _rechunk(self, upstream: socket.socket, client: socket.socket) -> None:
+        """Answers from upstream to client, each body sent as chunks of at most 64 KiB then the last chunk."""
+        buf = b""
+
+        def more() -> None:
+            nonlocal buf
+            data = upstream.recv(1 << 16)
+            if not data:
+                raise EOFError
+            buf += data
+
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    more()
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                length = next((int(line.partition(b":")[2]) for line in lines[1:]
+                               if line.partition(b":")[0].strip().lower() == b"content-length"), 0)
+                lines = [line for line in lines if line.partition(b":")[0].strip().lower() != b"content-length"]
+                client.sendall(b"\r\n".join([*lines, b"Transfer-Encoding: chunked"]) + b"\r\n\r\n")
+                while length:
+                    if not buf:
+                        more()
+                    piece, buf = buf[:min(length, 1 << 16)], buf[min(length, 1 << 16):]
+                    client.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    length -= len(piece)
+                client.sendall(b"0\r\n\r\n")
+        except (OSError, EOFError):
+            pass
+        try:
+            client.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def _close(self, s: socket.socket) -> None:
         with self._lock:

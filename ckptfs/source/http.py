@@ -168,8 +168,17 @@ class HttpTransport:
         return conn, False
 
     def _release(self, target: _Target, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-        """Back to the pool if the response was read to its end and the server keeps the connection."""
-        if resp.will_close or not resp.isclosed() and resp.length:
+        """Back to the pool if the response was read to its end and the server keeps the connection. A chunked
+        answer's bytes are all read when its last chunk (size 0) and trailer are: they are read here."""
+        if not resp.will_close and not resp.isclosed() and resp.chunked:
+            try:
+                if resp.read(1):  # more than the range asked for: the connection is closed below
+                    conn.close()
+                    return
+            except Exception:  # noqa: BLE001 - a connection that cannot be reused, not a failed read
+                conn.close()
+                return
+        if resp.will_close or not resp.isclosed() and resp.length != 0:
             conn.close()
             return
         resp.close()
