@@ -79,6 +79,23 @@ def test_without_a_trailing_slash_a_prefix_opens_as_a_directory(seaweed, hf_shar
     assert "not found" in one_line(e.value) and url + "-missing" in str(e.value)
 
 
+def test_a_bucket_named_without_a_slash_opens_as_a_directory(seaweed, hf_sharded):
+    """s3://BUCKET is its root directory, as s3://BUCKET/ is; a bucket that cannot be listed says why."""
+    bucket = "ckptfs-root-dir"
+    seaweed.client().create_bucket(Bucket=bucket)
+    for p in sorted(hf_sharded["safetensors"].iterdir()):
+        seaweed.client().put_object(Bucket=bucket, Key=p.name, Body=p.read_bytes())
+    for url in (f"s3://{bucket}", f"s3://{bucket}/"):
+        with ckptfs.open(url, storage_options=options(seaweed)) as ckpt:
+            assert_sharded(ckpt, hf_sharded["safetensors"])
+    with pytest.raises(ckptfs.RemoteError) as e:
+        ckptfs.open("s3://ckptfs-no-such-bucket", storage_options=options(seaweed))
+    assert one_line(e.value) == "s3://ckptfs-no-such-bucket/: cannot list: not found"
+    with pytest.raises(ckptfs.RemoteError) as e:
+        ckptfs.open(f"s3://{bucket}", storage_options=options(seaweed, secret="wrong-Secret-123"))
+    assert "cannot list: access denied" in one_line(e.value) and "wrong-Secret-123" not in str(e.value)
+
+
 def test_a_dcp_checkpoint_on_s3(seaweed, dcp_checkpoints, tmp_path):
     local = dcp_checkpoints / "w4"
     url = upload(seaweed, local, "dirs/dcp-w4")

@@ -179,8 +179,10 @@ class S3Transport(FsspecTransport):
         super().__init__(url, storage_options, options)
         fs, path = self._filesystem()
         self._bucket, self._key, self._version = fs.split_path(url)
-        if not self._bucket or not self._key:
+        if not self._bucket:
             raise CkptfsError("an S3 URL names a bucket and a key: s3://BUCKET/KEY", file=self.name)
+        if not self._key:  # (the opener then lists the bucket, as for a prefix without its trailing /)
+            raise NotAFile("a bucket, not an object: s3://BUCKET/KEY names one", file=self.name)
 
     async def _get(self, fs: Any, rng: str, if_match: str | None) -> tuple[dict[str, Any], bytes]:
         await fs.set_session()
