@@ -202,6 +202,25 @@ def test_a_sharded_directory_over_http(nginx, hf_sharded):
         assert_sharded(ckpt, hf_sharded["safetensors"])
 
 
+def test_a_directory_over_http_through_the_environment_s_proxy(nginx, hf_sharded, proxy):
+    """http_proxy and https_proxy (a CONNECT tunnel) serve listings as they serve objects: the host name does
+    not resolve, only the proxy reaches it."""
+    import os
+
+    shutil.copytree(hf_sharded["safetensors"], nginx.root / "dirs" / "proxied", dirs_exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    plain = proxy(nginx.port)
+    r = run_ckptfs("ls", "http://ckptfs-proxied.invalid/dirs/proxied/", "--timeout", "10",
+                   env={**env, "http_proxy": f"http://127.0.0.1:{plain.port}"})
+    assert r.returncode == 0 and "model.layers.1.mlp.up_proj.weight" in r.stdout, r.stderr
+    tunnel = proxy(nginx.https_port)
+    tunnel.connect = True
+    r = run_ckptfs("info", "https://ckptfs-proxied.invalid:443/dirs/proxied/", "--storage-option", "verify=false",
+                   "--timeout", "10", env={**env, "https_proxy": f"http://127.0.0.1:{tunnel.port}"})
+    assert r.returncode == 0 and "hf-sharded" in r.stdout, r.stderr
+    assert set(tunnel.tunnels) == {"ckptfs-proxied.invalid:443"}, tunnel.tunnels
+
+
 def test_a_directory_of_checkpoints_over_http_with_basic_auth(nginx, tmp_path):
     """File names that need URL quoting; a subdirectory; credentials in the URL never shown."""
     d = nginx.root / "private" / "runs"

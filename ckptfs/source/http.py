@@ -136,8 +136,15 @@ class HttpTransport:
     def fsspec_options(self) -> dict[str, object]:
         """Options for fsspec's HTTPFileSystem (which lists directories) that make its requests as this
         transport's: the same headers and credentials (aiohttp drops ``Authorization`` on a redirect to another
-        host) and the same TLS verification."""
-        return {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
+        host), the same TLS verification and the same proxy (aiohttp reads no proxy variable by itself)."""
+        opts: dict[str, object] = {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
+        proxy = proxy_for(self._origin_target.scheme, self._origin_target.host)
+        if proxy is not None:
+            host = f"[{proxy.host}]" if ":" in proxy.host else proxy.host
+            opts["proxy"] = f"http://{host}:{proxy.port}"
+            if proxy.headers:
+                opts["proxy_headers"] = proxy.headers
+        return opts
 
     def _headers_for(self, target: _Target, extra: Mapping[str, str]) -> dict[str, str]:
         headers = dict(self._headers)
