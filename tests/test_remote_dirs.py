@@ -221,6 +221,21 @@ def test_a_directory_over_http_through_the_environment_s_proxy(nginx, hf_sharded
     assert set(tunnel.tunnels) == {"ckptfs-proxied.invalid:443"}, tunnel.tunnels
 
 
+def test_a_listing_that_cannot_connect_fails_as_an_object_would():
+    """An unknown host is one line at once (not --timeout seconds of retries), in the words used for objects; a
+    refused connection is retried, then named."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    for url in ("http://ckptfs-no-such-host.invalid/m/", "http://ckptfs-no-such-host.invalid/m.pth"):
+        r = run_ckptfs("ls", url, "--timeout", "20", env=env)
+        assert r.returncode == 2 and "gave up" not in r.stderr, r.stderr
+        assert r.stderr.strip().endswith("cannot resolve the host name ckptfs-no-such-host.invalid"), r.stderr
+    r = run_ckptfs("ls", "http://127.0.0.1:1/m/", "--timeout", "1", env=env)
+    assert r.returncode == 2 and "cannot list: connection refused by 127.0.0.1:1 (gave up" in r.stderr, r.stderr
+    assert "object at 0x" not in r.stderr
+
+
 def test_a_directory_of_checkpoints_over_http_with_basic_auth(nginx, tmp_path):
     """File names that need URL quoting; a subdirectory; credentials in the URL never shown."""
     d = nginx.root / "private" / "runs"

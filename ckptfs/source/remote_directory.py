@@ -159,22 +159,12 @@ async def _als(fs: Any, path: str, http: bool) -> Listing:
 
 
 def _http_status(e: Exception) -> Exception:
-    """An HTTP error status of a listing request as ckptfs's own client classifies it."""
-    import ssl
-
+    """A listing request's failure (an HTTP error status, a connection that could not be made) as ckptfs's own
+    client classifies it, in its words."""
     import aiohttp
 
-    from .http import tls_refusal
-
-    if isinstance(e, aiohttp.ClientConnectorCertificateError):
-        cause = e.certificate_error
-        where = f"{e.host}:{e.port}"
-        if isinstance(cause, ssl.SSLError) and (refused := tls_refusal(cause, where)) is not None:
-            return RemoteError(refused)
-    if isinstance(e, aiohttp.ClientConnectorSSLError) and isinstance(e.os_error, ssl.SSLError):
-        refused = tls_refusal(e.os_error, f"{e.host}:{e.port}")
-        if refused is not None:
-            return RemoteError(refused)
+    if isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ClientConnectorCertificateError)):
+        return _connect_failure(e)
     if not isinstance(e, aiohttp.ClientResponseError):
         return e
     st = e.status
@@ -187,3 +177,29 @@ def _http_status(e: Exception) -> Exception:
     if st >= 500 or st in (408, 425, 429):
         return Transient(f"HTTP {st}")
     return RemoteError(f"unexpected answer HTTP {st}")
+
+
+def _connect_failure(e: Exception) -> Exception:
+    """aiohttp's failure to connect (``e.host``, ``e.port``): refused at once where ckptfs's own client refuses
+    (an unknown host name, an untrusted certificate, a port without TLS), else retried."""
+    import socket
+    import ssl
+
+    import aiohttp
+
+    from .http import tls_refusal
+
+    host, port = getattr(e, "host", "?"), getattr(e, "port", None)
+    where = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    cause = e.certificate_error if isinstance(e, aiohttp.ClientConnectorCertificateError) else e.os_error  # type: ignore[attr-defined]
+    if isinstance(cause, ssl.SSLError):
+        refused = tls_refusal(cause, where)
+        return RemoteError(refused) if refused is not None else Transient(f"TLS error with {where}: "
+                                                                          f"{cause.reason or cause}")
+    if isinstance(e, aiohttp.ClientConnectorDNSError):
+        if getattr(cause, "errno", None) in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return RemoteError(f"cannot resolve the host name {host}")
+        return Transient(f"cannot resolve the host name {host} ({getattr(cause, 'strerror', None) or cause})")
+    if isinstance(cause, ConnectionRefusedError):
+        return Transient(f"connection refused by {where}")
+    return Transient(f"{where}: {getattr(cause, 'strerror', None) or cause}")
