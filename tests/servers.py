@@ -91,7 +91,7 @@ http {{
   default_type application/octet-stream;
   sendfile on;
   keepalive_requests 1000000;
-  keepalive_timeout 300s;
+  keepalive_timeout {keepalive_timeout};
   server {{
     listen 127.0.0.1:{port};
     listen 127.0.0.1:{https_port} ssl;
@@ -127,6 +127,7 @@ class Nginx:
         self.https_port = 0
         self.proc: subprocess.Popen | None = None
         self.ipv6 = ipv6_loopback()
+        self.keepalive_timeout = "300s"  # how long an idle connection is kept (set before start)
 
     @property
     def cert(self) -> Path:
@@ -154,7 +155,8 @@ class Nginx:
             self.port, self.https_port = (port, https_port) if port else free_ports(2)
             listen6 = f"listen [::1]:{self.port}; listen [::1]:{self.https_port} ssl;" if self.ipv6 else ""
             conf = NGINX_CONF.format(base=self.base, root=self.root, port=self.port, https_port=self.https_port,
-                                     user="user root;" if os.geteuid() == 0 else "", listen6=listen6)
+                                     user="user root;" if os.geteuid() == 0 else "", listen6=listen6,
+                                     keepalive_timeout=self.keepalive_timeout)
             (self.base / "nginx.conf").write_text(conf)
             self.proc = subprocess.Popen([binary, "-c", str(self.base / "nginx.conf"), "-p", str(self.base),
                                           "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -17,6 +17,7 @@ import email.utils
 import http.client
 import netrc
 import re
+import select
 import socket
 import ssl
 import threading
@@ -157,8 +158,11 @@ class HttpTransport:
     def _connection(self, target: _Target, deadline: Deadline) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             idle = self._idle.get(target.origin)
-            if idle:
-                return idle.pop(), True
+            while idle:
+                kept = idle.pop()
+                if not _dropped(kept):
+                    return kept, True
+                kept.close()
         timeout = _remaining(deadline, target)
         proxy = proxy_for(target.scheme, target.host)
         conn: http.client.HTTPConnection
@@ -198,7 +202,7 @@ class HttpTransport:
 
     def _send(self, target: _Target, headers: Mapping[str, str],
               deadline: Deadline) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-        for attempt in range(2):
+        while True:
             conn, reused = self._connection(target, deadline)
             try:
                 if conn.sock is not None:
@@ -212,13 +216,12 @@ class HttpTransport:
                 return conn.getresponse(), conn
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
                 conn.close()
-                if reused and attempt == 0:
-                    continue  # a kept-alive connection the server had closed meanwhile: try a new one
+                if reused:  # a kept-alive connection the server closed meanwhile: the next idle one, or a new one
+                    continue
                 raise self._failure(e, target) from None
             except Exception as e:  # noqa: BLE001 - classified: retried or reported
                 conn.close()
                 raise self._failure(e, target) from None
-        raise AssertionError("unreachable")
 
     def _request(self, headers: Mapping[str, str],
                  deadline: Deadline) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, _Target]:
@@ -451,6 +454,19 @@ def tls_refusal(e: ssl.SSLError, where: str) -> str | None:
     if e.reason in TLS_MISMATCH:
         return f"{where} does not speak TLS ({e.reason}): an http:// URL, or another port?"
     return None
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection can no longer be used: the server closed it (a server's keep-alive timeout is
+    often shorter than the pauses between a mount's reads), or sent something unasked."""
+    if conn.sock is None:
+        return True
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
 
 
 def _remaining(deadline: Deadline, target: _Target) -> float:
