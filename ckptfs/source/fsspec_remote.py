@@ -128,6 +128,9 @@ class FsspecTransport:
         except PERMANENT as e:
             raise RemoteError(self._redact(f"{type(e).__name__}: {e}")) from None
         except Exception as e:  # noqa: BLE001 - backends raise many kinds for network trouble: retried
+            refused = botocore_refusal(e, self._redact) if is_s3(self._url) else None
+            if refused is not None:
+                raise refused from None
             raise Transient(self._redact(f"{type(e).__name__}: {e}")) from None
 
     def open(self, head: int, deadline: Deadline) -> tuple[ObjectInfo, bytes]:
@@ -230,9 +233,9 @@ class S3Transport(FsspecTransport):
                                                                  "ServiceUnavailable", "Throttling"):
                 return Transient(f"{code or status}: {msg}")
             return RemoteError(f"{code or status}: {msg}")
-        if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
-            return RemoteError("no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
-                               "or --storage-option anon=true for a public bucket)")
+        refused = botocore_refusal(e, self._redact)
+        if refused is not None:
+            return refused
         if isinstance(e, (bx.ParamValidationError, *PERMANENT)):
             return RemoteError(self._redact(f"{type(e).__name__}: {e}"))
         return Transient(self._redact(f"{type(e).__name__}: {e}".rstrip(": ")))
@@ -268,6 +271,22 @@ class S3Transport(FsspecTransport):
             view[:] = data[pos : pos + len(view)]
             pos += len(view)
             filled(i)
+
+
+def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
+    """A botocore configuration failure that trying again cannot cure (no credentials, a profile that does not
+    exist, an unreadable config file ...) as a one-line error; None for anything else."""
+    try:
+        import botocore.exceptions as bx
+    except ImportError:
+        return None
+    if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return RemoteError("no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
+                           "or --storage-option anon=true for a public bucket)")
+    if isinstance(e, (bx.ProfileNotFound, bx.ConfigNotFound, bx.ConfigParseError, bx.NoRegionError,
+                      bx.UnknownCredentialError, bx.InvalidConfigError)):
+        return RemoteError(redact(f"AWS configuration: {e}"))
+    return None
 
 
 class _Precondition(RemoteError):
