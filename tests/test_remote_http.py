@@ -292,3 +292,23 @@ def test_an_empty_or_foreign_object_gets_the_same_error_as_a_file(nginx):
     with pytest.raises(ckptfs.FormatError, match="NumPy .npy file") as e:
         ckptfs.open(nginx.url("http-array.npy"))
     assert e.value.file == nginx.url("http-array.npy")
+
+
+def test_chunked_answers_are_read_to_their_end_and_their_connections_kept(nginx, served, proxy):
+    """Through a proxy that re-frames every body as chunked (as some CDNs do): the bytes are right, and a
+    connection goes back to the pool only once its answer's last chunk is read, so the next request on it gets
+    its own answer (not the leftover last chunk: a bad status line, a retry and another connection)."""
+    chunking = proxy(nginx.port)
+    chunking.chunked = True
+    since = len(nginx.log())
+    big = served.expected["big"]
+    with ckptfs.open(chunking.url(NAME)) as ckpt:
+        assert ckpt.read("mid") == torch_bytes(served.expected["mid"])
+        rows = ckpt.slice("big")
+        for i in range(1, 9):  # one block each, one request each, one after the other
+            j = i * 300_000
+            assert rows[j : j + 10].tobytes() == torch_bytes(big[j : j + 10])
+    reqs = nginx.requests_for(served.uri, since)
+    assert all(e["status"] == 206 for e in reqs), reqs
+    assert len({(e["range"]) for e in reqs}) == len(reqs), reqs  # nothing fetched twice
+    assert chunking.connections <= 2, (chunking.connections, len(reqs))

@@ -45,6 +45,26 @@ def test_without_credentials_the_error_says_so(s3obj, seaweed):
     assert s3obj.url in r.stderr and ("credentials" in r.stderr or "denied" in r.stderr), r.stderr
 
 
+@pytest.mark.parametrize("target", ["object", "directory"])
+def test_credentials_that_cannot_be_found_fail_at_once(s3obj, seaweed, tmp_path, target):
+    """No credentials at all, or an AWS_PROFILE the files do not have: one line at once, for an object and for
+    a listing alike (not --timeout seconds of retries)."""
+    url = s3obj.url if target == "object" else s3obj.url.rsplit("/", 1)[0] + "/"
+    env = {k: v for k, v in s3obj.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    r = run_ckptfs("ls", url, "--timeout", "20", env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "gave up" not in r.stderr, r.stderr
+    assert "no AWS credentials" in r.stderr, r.stderr
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[ckptfs]\naws_access_key_id = {seaweed.access_key}\naws_secret_access_key = {seaweed.secret_key}\n")
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(creds)
+    r = run_ckptfs("ls", url, "--timeout", "20", env={**env, "AWS_PROFILE": "no-such-profile"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "gave up" not in r.stderr, r.stderr
+    assert "The config profile (no-such-profile) could not be found" in r.stderr, r.stderr
+    assert seaweed.secret_key not in r.stderr
+    r = run_ckptfs("ls", url, env={**env, "AWS_PROFILE": "ckptfs"})
+    assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr
+
+
 def test_open_and_load_with_storage_options(s3obj, seaweed):
     with ckptfs.open(s3obj.url, storage_options=_options(seaweed)) as ckpt:
         assert ckpt.name == s3obj.url

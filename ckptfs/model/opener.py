@@ -63,8 +63,8 @@ def _resolve_url(url: str, *, storage_options: Mapping[str, object] | None,
         try:
             directory = RemoteDirectory(url, storage_options, remote)
             listed = directory.list()
-        except CkptfsError:
-            raise e from None
+        except CkptfsError as listing:
+            raise (listing if isinstance(e, NotAFile) else e) from None  # a directory: why it cannot be listed
         if not listed:
             raise
         return directory

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from ..errors import CkptfsError, RemoteError
 from .options import RemoteOptions
 from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, stale
-from .urls import Redactor, redact_url, scheme
+from .urls import Redactor, is_chain, redact_url, scheme
 
 T = TypeVar("T")
 ETAG_FIELDS = ("ETag", "etag", "generation", "version_id", "VersionId", "md5Hash", "md5", "blob_id", "sha256",
@@ -44,7 +44,7 @@ def fsspec_transport(url: str, storage_options: Mapping[str, object], options: R
 
 
 def is_s3(url: str) -> bool:
-    return scheme(url) in ("s3", "s3a") and "::" not in url
+    return scheme(url) in ("s3", "s3a") and not is_chain(url)
 
 
 def backend_options(url: str, storage_options: Mapping[str, object], options: RemoteOptions) -> dict[str, Any]:
@@ -66,6 +66,10 @@ def url_filesystem(url: str, opts: Mapping[str, object], redact: Redactor) -> tu
     try:
         import fsspec.core
 
+        if "::" in url and not is_chain(url):  # an IPv6 host, which fsspec would split as a chain
+            cls = fsspec.get_filesystem_class(scheme(url))
+            fs = fsspec.filesystem(scheme(url), **{**cls._get_kwargs_from_urls(url), **opts})
+            return fs, str(cls._strip_protocol(url))
         fs, path = fsspec.core.url_to_fs(url, **opts)
         return fs, str(path)
     except ImportError as e:
@@ -124,6 +128,9 @@ class FsspecTransport:
         except PERMANENT as e:
             raise RemoteError(self._redact(f"{type(e).__name__}: {e}")) from None
         except Exception as e:  # noqa: BLE001 - backends raise many kinds for network trouble: retried
+            refused = botocore_refusal(e, self._redact) if is_s3(self._url) else None
+            if refused is not None:
+                raise refused from None
             raise Transient(self._redact(f"{type(e).__name__}: {e}")) from None
 
     def open(self, head: int, deadline: Deadline) -> tuple[ObjectInfo, bytes]:
@@ -175,8 +182,10 @@ class S3Transport(FsspecTransport):
         super().__init__(url, storage_options, options)
         fs, path = self._filesystem()
         self._bucket, self._key, self._version = fs.split_path(url)
-        if not self._bucket or not self._key:
+        if not self._bucket:
             raise CkptfsError("an S3 URL names a bucket and a key: s3://BUCKET/KEY", file=self.name)
+        if not self._key:  # (the opener then lists the bucket, as for a prefix without its trailing /)
+            raise NotAFile("a bucket, not an object: s3://BUCKET/KEY names one", file=self.name)
 
     async def _get(self, fs: Any, rng: str, if_match: str | None) -> tuple[dict[str, Any], bytes]:
         await fs.set_session()
@@ -224,9 +233,9 @@ class S3Transport(FsspecTransport):
                                                                  "ServiceUnavailable", "Throttling"):
                 return Transient(f"{code or status}: {msg}")
             return RemoteError(f"{code or status}: {msg}")
-        if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
-            return RemoteError("no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
-                               "or --storage-option anon=true for a public bucket)")
+        refused = botocore_refusal(e, self._redact)
+        if refused is not None:
+            return refused
         if isinstance(e, (bx.ParamValidationError, *PERMANENT)):
             return RemoteError(self._redact(f"{type(e).__name__}: {e}"))
         return Transient(self._redact(f"{type(e).__name__}: {e}".rstrip(": ")))
@@ -262,6 +271,22 @@ class S3Transport(FsspecTransport):
             view[:] = data[pos : pos + len(view)]
             pos += len(view)
             filled(i)
+
+
+def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
+    """A botocore configuration failure that trying again cannot cure (no credentials, a profile that does not
+    exist, an unreadable config file ...) as a one-line error; None for anything else."""
+    try:
+        import botocore.exceptions as bx
+    except ImportError:
+        return None
+    if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
+        return RemoteError("no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
+                           "or --storage-option anon=true for a public bucket)")
+    if isinstance(e, (bx.ProfileNotFound, bx.ConfigNotFound, bx.ConfigParseError, bx.NoRegionError,
+                      bx.UnknownCredentialError, bx.InvalidConfigError)):
+        return RemoteError(redact(f"AWS configuration: {e}"))
+    return None
 
 
 class _Precondition(RemoteError):

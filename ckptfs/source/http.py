@@ -17,12 +17,13 @@ import email.utils
 import http.client
 import netrc
 import re
+import select
 import socket
 import ssl
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from .._version import __version__
 from ..errors import CkptfsError, RemoteError
@@ -35,6 +36,9 @@ MAX_REDIRECTS = 8
 REDIRECTS = (301, 302, 303, 307, 308)
 RETRY_STATUS = (408, 425, 429)
 CHUNK = 1 << 20
+#: TLS failures that trying again cannot cure: the port speaks plain HTTP, or no common protocol version
+TLS_MISMATCH = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "UNSUPPORTED_PROTOCOL", "NO_PROTOCOLS_AVAILABLE",
+                "TLSV1_ALERT_PROTOCOL_VERSION")
 _RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _UNSATISFIED = re.compile(r"bytes\s+\*/(\d+)\s*$", re.IGNORECASE)
 
@@ -59,7 +63,7 @@ class _Target:
             raise CkptfsError(f"not a valid URL ({e})", file=redact_url(url)) from None
         if p.scheme not in ("http", "https") or not p.hostname:
             raise CkptfsError("not an http(s) URL with a host", file=redact_url(url))
-        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        path = _requote(p.path or "/") + (f"?{_requote(p.query)}" if p.query else "")
         return cls(p.scheme, p.hostname, port or (443 if p.scheme == "https" else 80), path)
 
     @property
@@ -68,12 +72,11 @@ class _Target:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.path}"
+        return f"{self.scheme}://{self.where}{self.path}"
 
     @property
     def where(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 class HttpTransport:
@@ -134,8 +137,15 @@ class HttpTransport:
     def fsspec_options(self) -> dict[str, object]:
         """Options for fsspec's HTTPFileSystem (which lists directories) that make its requests as this
         transport's: the same headers and credentials (aiohttp drops ``Authorization`` on a redirect to another
-        host) and the same TLS verification."""
-        return {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
+        host), the same TLS verification and the same proxy (aiohttp reads no proxy variable by itself)."""
+        opts: dict[str, object] = {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
+        proxy = proxy_for(self._origin_target.scheme, self._origin_target.host)
+        if proxy is not None:
+            host = f"[{proxy.host}]" if ":" in proxy.host else proxy.host
+            opts["proxy"] = f"http://{host}:{proxy.port}"
+            if proxy.headers:
+                opts["proxy_headers"] = proxy.headers
+        return opts
 
     def _headers_for(self, target: _Target, extra: Mapping[str, str]) -> dict[str, str]:
         headers = dict(self._headers)
@@ -148,8 +158,11 @@ class HttpTransport:
     def _connection(self, target: _Target, deadline: Deadline) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
             idle = self._idle.get(target.origin)
-            if idle:
-                return idle.pop(), True
+            while idle:
+                kept = idle.pop()
+                if not _dropped(kept):
+                    return kept, True
+                kept.close()
         timeout = _remaining(deadline, target)
         proxy = proxy_for(target.scheme, target.host)
         conn: http.client.HTTPConnection
@@ -166,8 +179,17 @@ class HttpTransport:
         return conn, False
 
     def _release(self, target: _Target, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-        """Back to the pool if the response was read to its end and the server keeps the connection."""
-        if resp.will_close or not resp.isclosed() and resp.length:
+        """Back to the pool if the response was read to its end and the server keeps the connection. A chunked
+        answer's bytes are all read when its last chunk (size 0) and trailer are: they are read here."""
+        if not resp.will_close and not resp.isclosed() and resp.chunked:
+            try:
+                if resp.read(1):  # more than the range asked for: the connection is closed below
+                    conn.close()
+                    return
+            except Exception:  # noqa: BLE001 - a connection that cannot be reused, not a failed read
+                conn.close()
+                return
+        if resp.will_close or not resp.isclosed() and resp.length != 0:
             conn.close()
             return
         resp.close()
@@ -180,7 +202,7 @@ class HttpTransport:
 
     def _send(self, target: _Target, headers: Mapping[str, str],
               deadline: Deadline) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-        for attempt in range(2):
+        while True:
             conn, reused = self._connection(target, deadline)
             try:
                 if conn.sock is not None:
@@ -194,13 +216,12 @@ class HttpTransport:
                 return conn.getresponse(), conn
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
                 conn.close()
-                if reused and attempt == 0:
-                    continue  # a kept-alive connection the server had closed meanwhile: try a new one
+                if reused:  # a kept-alive connection the server closed meanwhile: the next idle one, or a new one
+                    continue
                 raise self._failure(e, target) from None
             except Exception as e:  # noqa: BLE001 - classified: retried or reported
                 conn.close()
                 raise self._failure(e, target) from None
-        raise AssertionError("unreachable")
 
     def _request(self, headers: Mapping[str, str],
                  deadline: Deadline) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, _Target]:
@@ -232,9 +253,8 @@ class HttpTransport:
         where = target.where
         if isinstance(e, (Transient, CkptfsError)):
             return e
-        if isinstance(e, ssl.SSLCertVerificationError):
-            return RemoteError(self._redact(f"the TLS certificate of {where} is not trusted ({e.verify_message}); "
-                                            "storage option verify=PATH names a CA bundle"))
+        if isinstance(e, ssl.SSLError) and (refused := tls_refusal(e, where)) is not None:
+            return RemoteError(self._redact(refused))
         if isinstance(e, socket.gaierror):
             if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
                 return RemoteError(f"cannot resolve the host name {target.host}")
@@ -248,6 +268,8 @@ class HttpTransport:
             return Transient(f"connection to {where} reset or closed")
         if isinstance(e, ssl.SSLError):
             return Transient(self._redact(f"TLS error with {where}: {e.reason or e}"))
+        if isinstance(e, http.client.InvalidURL):
+            return RemoteError(self._redact(f"not a valid URL ({e})"))
         if isinstance(e, http.client.HTTPException):
             return Transient(self._redact(f"bad response from {where} ({type(e).__name__})"))
         if isinstance(e, OSError):  # unreachable network or host, aborted connection ...
@@ -415,6 +437,36 @@ def proxy_for(scheme: str, host: str) -> Proxy | None:
 def _proxy_headers(target: _Target) -> dict[str, str]:
     proxy = proxy_for(target.scheme, target.host)
     return proxy.headers if proxy is not None else {}
+
+
+def _requote(text: str) -> str:
+    """A URL's path or query as it goes on the request line: characters a URL cannot hold (spaces, non-ASCII,
+    controls) percent-encoded, as browsers, curl and requests send them; existing ``%XX`` escapes kept."""
+    return quote(text, safe="!#$%&'()*+,/:;=?@[]~")
+
+
+def tls_refusal(e: ssl.SSLError, where: str) -> str | None:
+    """Why a TLS failure with ``where`` (host:port) is final, or None (worth retrying): an untrusted
+    certificate, or a port that does not speak TLS (an ``https://`` URL of a plain HTTP server)."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return (f"the TLS certificate of {where} is not trusted ({e.verify_message}); storage option verify=PATH "
+                "names a CA bundle")
+    if e.reason in TLS_MISMATCH:
+        return f"{where} does not speak TLS ({e.reason}): an http:// URL, or another port?"
+    return None
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection can no longer be used: the server closed it (a server's keep-alive timeout is
+    often shorter than the pauses between a mount's reads), or sent something unasked."""
+    if conn.sock is None:
+        return True
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    try:
+        return bool(poller.poll(0))
+    except OSError:
+        return True
 
 
 def _remaining(deadline: Deadline, target: _Target) -> float:

@@ -48,7 +48,7 @@ from .blocks import BlockCache
 from .disk_cache import DiskCache, object_key
 from .options import RemoteOptions
 from .readahead import Readahead
-from .urls import scheme
+from .urls import is_chain, scheme
 
 log = logging.getLogger("ckptfs.remote")
 
@@ -587,7 +587,7 @@ def open_url(url: str, storage_options: Mapping[str, object] | None = None,
     protocol through fsspec (s3fs for S3)."""
     options = options or RemoteOptions()
     transport: Transport
-    if scheme(url) in ("http", "https") and "::" not in url:
+    if scheme(url) in ("http", "https") and not is_chain(url):
         from .http import HttpTransport
 
         transport = HttpTransport(url, storage_options or {}, options)

@@ -25,7 +25,7 @@ from .directory import DirEntry, check_relative
 from .fsspec_remote import FsspecTransport
 from .options import RemoteOptions
 from .remote import Deadline, NotFound, Transient, open_url, retrying
-from .urls import redact_url, scheme
+from .urls import chain, is_chain, redact_url, scheme
 
 NO_LISTING = ("the server gives no directory listing; name the files themselves, or turn listings on (nginx: "
               "autoindex on)")
@@ -42,12 +42,12 @@ class RemoteDirectory:
                  remote: RemoteOptions | None = None) -> None:
         self._url = url if url.endswith("/") else url + "/"
         self.name = redact_url(self._url)
-        last = urlsplit(self._url.rsplit("::", 1)[-1])
+        last = urlsplit(chain(self._url)[-1])
         if last.query or last.fragment:
             raise CkptfsError("a directory URL has no query or fragment (?... #...)", file=self.name)
         self._storage_options = dict(storage_options or {})
         self._remote = remote or RemoteOptions()
-        self._http = scheme(self._url) in ("http", "https") and "::" not in self._url
+        self._http = scheme(self._url) in ("http", "https") and not is_chain(self._url)
         if self._http:  # listed by fsspec with the credentials and TLS settings of ckptfs's own client
             from .http import HttpTransport
 
@@ -159,9 +159,12 @@ async def _als(fs: Any, path: str, http: bool) -> Listing:
 
 
 def _http_status(e: Exception) -> Exception:
-    """An HTTP error status of a listing request as ckptfs's own client classifies it."""
+    """A listing request's failure (an HTTP error status, a connection that could not be made) as ckptfs's own
+    client classifies it, in its words."""
     import aiohttp
 
+    if isinstance(e, (aiohttp.ClientConnectorError, aiohttp.ClientConnectorCertificateError)):
+        return _connect_failure(e)
     if not isinstance(e, aiohttp.ClientResponseError):
         return e
     st = e.status
@@ -174,3 +177,29 @@ def _http_status(e: Exception) -> Exception:
     if st >= 500 or st in (408, 425, 429):
         return Transient(f"HTTP {st}")
     return RemoteError(f"unexpected answer HTTP {st}")
+
+
+def _connect_failure(e: Exception) -> Exception:
+    """aiohttp's failure to connect (``e.host``, ``e.port``): refused at once where ckptfs's own client refuses
+    (an unknown host name, an untrusted certificate, a port without TLS), else retried."""
+    import socket
+    import ssl
+
+    import aiohttp
+
+    from .http import tls_refusal
+
+    host, port = getattr(e, "host", "?"), getattr(e, "port", None)
+    where = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    cause = e.certificate_error if isinstance(e, aiohttp.ClientConnectorCertificateError) else e.os_error  # type: ignore[attr-defined]
+    if isinstance(cause, ssl.SSLError):
+        refused = tls_refusal(cause, where)
+        return RemoteError(refused) if refused is not None else Transient(f"TLS error with {where}: "
+                                                                          f"{cause.reason or cause}")
+    if isinstance(e, aiohttp.ClientConnectorDNSError):
+        if getattr(cause, "errno", None) in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            return RemoteError(f"cannot resolve the host name {host}")
+        return Transient(f"cannot resolve the host name {host} ({getattr(cause, 'strerror', None) or cause})")
+    if isinstance(cause, ConnectionRefusedError):
+        return Transient(f"connection refused by {where}")
+    return Transient(f"{where}: {getattr(cause, 'strerror', None) or cause}")

@@ -32,7 +32,30 @@ def is_url(target: object) -> bool:
     m = _SCHEME.match(target)
     if m is not None:
         return m.group(1).lower() != "file"
-    return "::" in target and _SCHEME.search(target) is not None
+    return is_chain(target) and _SCHEME.search(target) is not None
+
+
+def chain(url: str) -> list[str]:
+    """The links of an fsspec chain (``simplecache::s3://b/k`` -> ``["simplecache", "s3://b/k"]``); a plain URL
+    is one link. ``::`` inside a bracketed IPv6 host (``http://[::1]:8000/m.pth``) does not separate links."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(url):
+        c = url[i]
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth = max(0, depth - 1)
+        elif c == ":" and depth == 0 and url.startswith("::", i):
+            parts.append(url[start:i])
+            start = i = i + 2
+            continue
+        i += 1
+    return [*parts, url[start:]]
+
+
+def is_chain(url: str) -> bool:
+    """Whether ``url`` is an fsspec chain of several links (see :func:`chain`)."""
+    return "::" in url and len(chain(url)) > 1
 
 
 def local_path(target: str) -> str:
@@ -44,7 +67,7 @@ def local_path(target: str) -> str:
 
 def scheme(url: str) -> str:
     """The protocol of a URL (of the last link of an fsspec chain), lower case."""
-    last = url.rsplit("::", 1)[-1]
+    last = chain(url)[-1]
     m = _SCHEME.match(last)
     return m.group(1).lower() if m else ""
 
@@ -56,8 +79,8 @@ def secret_name(name: str) -> bool:
 
 def redact_url(url: str) -> str:
     """``url`` as it may be shown: without user info, fragment and credential-like query values."""
-    if "::" in url:
-        return "::".join(redact_url(part) for part in url.split("::"))
+    if is_chain(url):
+        return "::".join(redact_url(part) for part in chain(url))
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -77,7 +100,7 @@ def _redact_param(param: str) -> str:
 def url_secrets(url: str) -> list[str]:
     """The secrets a URL carries: the password (and user) of its user info, credential-like query values."""
     out = []
-    for part in url.split("::"):
+    for part in chain(url):
         try:
             parts = urlsplit(part)
         except ValueError:
