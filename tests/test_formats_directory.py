@@ -93,6 +93,20 @@ def test_a_damaged_file_is_left_out_alone(runs: Path) -> None:
     assert "tensors identical, 2 mismatched" in r.stdout
 
 
+def test_info_keeps_long_member_names_apart_from_their_format(tmp_path: Path) -> None:
+    """A member path longer than the name column (a model directory inside a runs directory) is still
+    followed by a space before its format."""
+    long = tmp_path / "checkpoint-12000-of-a-long-run" / "model-00001-of-00002.safetensors"
+    long.parent.mkdir()
+    save_file({"w": torch.ones(2)}, long)
+    torch.save({"x": torch.zeros(1)}, tmp_path / "epoch_1.pt")
+    r = run_ckptfs("info", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "model-00001-of-00002.safetensors" in x)
+    assert line.split()[:2] == ["checkpoint-12000-of-a-long-run/model-00001-of-00002.safetensors", "safetensors"]
+    assert next(x for x in r.stdout.splitlines() if "epoch_1.pt" in x).split()[:2] == ["epoch_1.pt", "zip"]
+
+
 def test_one_checkpoint_file_is_the_tree_itself(tmp_path: Path) -> None:
     torch.save(training_checkpoint(5), tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text("{}")

@@ -113,11 +113,14 @@ def test_packed_quantized(tmp_path, capsys):
             for read in (ckpt.read, ckpt.numpy, ckpt.tensor):
                 with pytest.raises(ckptfs.UnsupportedError, match=rf"x\.pt: {key}\b.*packs"):
                     read(key)
+            assert ckpt.stats(key).note == m.unsupported and ckpt.stats(key).error is None, key
         assert ckpt.meta("emb4").extra["qscheme"] == "per_channel_affine"
         assert torch.equal(ckpt.tensor("emb4.scales"), ref["emb4"].q_per_channel_scales())
         assert torch.equal(ckpt.tensor("other"), ref["other"])
     assert main(["check", str(p), "--no-progress"]) == EXIT_OK
     assert "0 mismatched, 3 not compared" in capsys.readouterr().out
+    assert main(["stats", str(p), "q4", "--no-progress"]) == EXIT_OK  # a note (packed), not an unreadable tensor
+    assert "packs 2 values per byte" in capsys.readouterr().out
 
 def test_sparse(tmp_path):
     dense = torch.randn(5, 6).relu()

@@ -26,7 +26,8 @@ from ..errors import CkptfsError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.index import TENSOR
 from ..model.numeric import BOOL, CHUNK_BYTES, COMPLEX, FLOAT, INT, as_python, chunk_elements, decoding, values
-from ..model.tensors import NO_DATA_KINDS
+from ..model.tensors import NO_DATA_KINDS, numel
+from ..pickle.nodes import TensorNode
 
 Progress = Callable[[int], object]  # called with a count of bytes done
 
@@ -196,6 +197,12 @@ def tensor_stats(catalog: Catalog, row: int, *, chunk_bytes: int = CHUNK_BYTES,
     """Statistics of the tensor at ``row``. Raises CkptfsError when its bytes cannot be read."""
     index = catalog.index
     key = index.keys[row]
+    node = index.nodes[row]
+    if isinstance(node, TensorNode) and node.kind == "quantized" and node.unsupported and node.error is None:
+        # quint4x2 / quint2x4: packed values, no arithmetic on their bytes (docs/cli.md: a note, not an error)
+        s = TensorStats(key, node.dtype.name, tuple(node.shape), numel(node.shape))
+        s.note = node.unsupported
+        return s
     data = catalog.data(row)
     t = data.t
     s = TensorStats(key, t.dtype.name, tuple(t.shape), data.size // t.dtype.itemsize if t.dtype.itemsize else 0)

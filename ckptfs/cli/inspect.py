@@ -179,8 +179,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     elif fmt == "directory":
         fmt += f" ({len(info['members'])} checkpoints, {len(info['files'])} other files)"
     print(f"format      {fmt}")
-    for m in info.get("members", []) if fmt.startswith("directory") else ():
-        print(f"  {oneline(m['name'] or '.'):<40}{m['format']:<13}{human(m['size']):>10}")
+    members = info.get("members", []) if fmt.startswith("directory") else []
+    width = max([40] + [len(oneline(m["name"] or ".")) + 2 for m in members])  # a long name keeps its column gap
+    for m in members:
+        print(f"  {oneline(m['name'] or '.'):<{width}}{m['format']:<13}{human(m['size']):>10}")
     if info.get("format") == "directory" and info["members"] and info["members"][0]["format"] == "dcp":
         print(f"  dcp         {_dcp_counts(c)}")
     for name, value in list((info.get("metadata") or {}).items())[:20]:
