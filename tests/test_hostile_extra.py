@@ -82,3 +82,27 @@ def test_stats_of_expanded_views_cost_their_stored_elements(tmp_path: Path) -> N
         huge = e.stats("h")
         assert time.monotonic() - start < 5
         assert (huge.numel, huge.finite, huge.min, huge.max, huge.std) == (1 << 40, 1 << 40, 2.0, 2.0, 0.0)
+
+
+def test_export_of_expanded_views_gathers_in_bounded_boxes(tmp_path: Path, monkeypatch) -> None:
+    """`ckptfs export` of a 1-element storage expanded to 2^20 x 2^20 was an internal error (MemoryError:
+    one 4 TiB gather buffer): boxes were bounded by the storage they span, not by the elements they hold.
+    Both are bounded now, and the file's bytes are the contiguous tensor's."""
+    import math
+
+    import safetensors.torch
+    import torch
+
+    import ckptfs
+    from ckptfs.api import export as export_mod
+
+    boxes = list(export_mod.split_boxes((1 << 20, 1 << 20), (0, 0), 1 << 23))
+    assert max(math.prod(hi - lo for lo, hi in b) for b in boxes) <= 1 << 23
+    assert sum(math.prod(hi - lo for lo, hi in b) for b in boxes) == 1 << 40
+    monkeypatch.setattr(export_mod, "BOX_BYTES", 4096)  # many boxes for a small tensor
+    g = torch.Generator().manual_seed(0)
+    src = {"e": torch.randn(3, 1, 5, generator=g).expand(3, 700, 5), "t": torch.randn(40, 30, generator=g).t()}
+    torch.save(src, tmp_path / "e.pt")
+    ckptfs.export(tmp_path / "e.pt", tmp_path / "e.safetensors", verify=True)
+    got = safetensors.torch.load_file(tmp_path / "e.safetensors")
+    assert all(torch.equal(got[k], v.contiguous()) for k, v in src.items())
