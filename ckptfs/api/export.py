@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import math
 import mmap
 import os
 import re
@@ -670,7 +671,9 @@ BOX_BYTES = 32 << 20
 
 def split_boxes(shape: Sequence[int], stride: Sequence[int], budget: int) -> Iterator[tuple[tuple[int, int], ...]]:
     """Boxes (a range per dimension) that cover a strided view, in storage order, each spanning at most
-    ``budget`` elements of its storage (or a single element): the dimension that spreads a box most is cut."""
+    ``budget`` elements of its storage and holding at most ``budget`` elements of the view (or a single
+    element): the dimension that spreads a box most is cut, or, for a box of few stored elements repeated
+    (broadcast, overlapping strides: a 1-element storage expanded to 4 TiB), its longest dimension."""
     stack = [tuple((0, n) for n in shape)]
     while stack:
         box = stack.pop()
@@ -678,12 +681,17 @@ def split_boxes(shape: Sequence[int], stride: Sequence[int], budget: int) -> Ite
         if 0 in ext:
             continue
         span = sum((n - 1) * st for n, st in zip(ext, stride, strict=True)) + 1
-        if span <= budget or all(n == 1 for n in ext):
+        count = math.prod(ext)
+        if span <= budget and count <= budget or all(n == 1 for n in ext):
             yield box
             continue
-        d = max(range(len(box)), key=lambda i: (ext[i] - 1) * stride[i])
+        if span > budget:
+            d = max(range(len(box)), key=lambda i: (ext[i] - 1) * stride[i])
+            k = max(1, min(ext[d] // 2, budget // max(stride[d], 1)))
+        else:
+            d = max(range(len(box)), key=lambda i: ext[i])
+            k = max(1, min(ext[d] // 2, budget // (count // ext[d])))
         lo, hi = box[d]
-        k = max(1, min(ext[d] // 2, budget // max(stride[d], 1)))
         subs = [box[:d] + ((a, min(a + k, hi)),) + box[d + 1 :] for a in range(lo, hi, k)]
         stack.extend(reversed(subs))
 

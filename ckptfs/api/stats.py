@@ -26,6 +26,7 @@ from ..errors import CkptfsError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.index import TENSOR
 from ..model.numeric import BOOL, CHUNK_BYTES, COMPLEX, FLOAT, INT, as_python, chunk_elements, decoding, values
+from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS, numel
 from ..pickle.nodes import TensorNode
 
@@ -156,6 +157,16 @@ class _Accumulator:
             self.zeros += int(v.size - np.count_nonzero(v))
             self.moments.add(v.astype(np.float64))
 
+    def repeat(self, rep: int) -> None:
+        """As if every value added so far had been added ``rep`` times (mean, min, max unchanged)."""
+        if rep == 1:
+            return
+        self.nan, self.posinf, self.neginf, self.inf = (self.nan * rep, self.posinf * rep, self.neginf * rep,
+                                                        self.inf * rep)
+        self.zeros, self.finite = self.zeros * rep, self.finite * rep
+        self.moments.n *= rep
+        self.moments.m2 *= rep
+
     def _extremes(self, f: np.ndarray) -> None:
         if not f.size:
             return
@@ -192,6 +203,19 @@ class _Accumulator:
         s.std = m.std()
 
 
+def _distinct(catalog: Catalog, row: int, data: TensorData) -> tuple[TensorData, int]:
+    """The tensor with every broadcast dimension (stride 0, ``expand()``) cut to size 1, and how many times
+    each of its elements is repeated in the whole: statistics of an expanded view cost its stored elements,
+    not its shape (a 4 KiB file can declare a 4 TiB expanded view)."""
+    t = data.t
+    if t.stride is None or 0 in t.shape or not any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride, strict=True)):
+        return data, 1
+    u = t.copy()
+    u.shape = tuple(1 if st == 0 else n for n, st in zip(t.shape, t.stride, strict=True))
+    rep = math.prod(t.shape) // math.prod(u.shape)
+    return catalog.node_data(u, catalog.index.keys[row]), rep
+
+
 def tensor_stats(catalog: Catalog, row: int, *, chunk_bytes: int = CHUNK_BYTES,
                  progress: Progress | None = None) -> TensorStats:
     """Statistics of the tensor at ``row``. Raises CkptfsError when its bytes cannot be read."""
@@ -217,10 +241,12 @@ def tensor_stats(catalog: Catalog, row: int, *, chunk_bytes: int = CHUNK_BYTES,
             progress(data.size)
         return s
     acc = _Accumulator(dec.kind)
+    data, rep = _distinct(catalog, row, data)
     for _, v in values(data, dec, chunk_elements(chunk_bytes)):
         acc.add(v)
         if progress is not None:
-            progress(v.size * dec.itemsize)
+            progress(v.size * dec.itemsize * rep)
+    acc.repeat(rep)
     acc.finish(s)
     return s
 
@@ -273,6 +299,7 @@ def histogram(catalog: Catalog, row: int, *, bins: int = 50, value_range: tuple[
     data = catalog.data(row)
     t = data.t
     dec = decoding(t, catalog.byteorder_of(t, row))
+    data, rep = _distinct(catalog, row, data)
     if dec.kind == COMPLEX:
         raise UnsupportedError("a histogram of complex values is not drawn (compare their real or imaginary "
                                "parts)", file=catalog.name, record=key)
@@ -283,7 +310,7 @@ def histogram(catalog: Catalog, row: int, *, bins: int = 50, value_range: tuple[
         lo = hi = None
         for _, v in values(data, dec, n):
             if progress is not None:
-                progress(v.size * dec.itemsize)
+                progress(v.size * dec.itemsize * rep)
             f = v[np.isfinite(v)] if dec.kind == FLOAT else v
             if f.size:
                 a, b = float(f.min()), float(f.max())
@@ -298,7 +325,7 @@ def histogram(catalog: Catalog, row: int, *, bins: int = 50, value_range: tuple[
     edges = None
     for _, v in values(data, dec, n):
         if progress is not None:
-            progress(v.size * dec.itemsize)
+            progress(v.size * dec.itemsize * rep)
         if dec.kind == FLOAT:
             nan += int(np.count_nonzero(np.isnan(v)))
             inf += int(np.count_nonzero(np.isinf(v)))
@@ -307,7 +334,7 @@ def histogram(catalog: Catalog, row: int, *, bins: int = 50, value_range: tuple[
         counts += c
     if edges is None:
         edges = np.linspace(lo, hi, bins + 1)
-    return Histogram(key, [float(e) for e in edges], [int(c) for c in counts], nan, inf)
+    return Histogram(key, [float(e) for e in edges], [int(c) * rep for c in counts], nan * rep, inf * rep)
 
 
 __all__ = ["BOOL", "COMPLEX", "FLOAT", "INT", "Histogram", "TensorStats", "histogram", "stats", "tensor_stats"]
