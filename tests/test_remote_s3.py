@@ -65,6 +65,21 @@ def test_credentials_that_cannot_be_found_fail_at_once(s3obj, seaweed, tmp_path,
     assert r.returncode == 0 and "emb.weight" in r.stdout, r.stderr
 
 
+@pytest.mark.parametrize("target", ["object", "directory"])
+def test_an_endpoint_whose_tls_cannot_work_fails_at_once(s3obj, seaweed, nginx, target):
+    """AWS_ENDPOINT_URL https:// at SeaweedFS's plain HTTP port, or at a server whose certificate is not trusted
+    (nginx's self-signed one: the handshake fails before any S3 request): one line at once, as for https://
+    objects, with the way to trust a CA bundle."""
+    url = s3obj.url if target == "object" else s3obj.url.rsplit("/", 1)[0] + "/"
+    r = run_ckptfs("ls", url, "--timeout", "20", env={**s3obj.env, "AWS_ENDPOINT_URL": f"https://127.0.0.1:{seaweed.port}"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "gave up" not in r.stderr, r.stderr
+    assert f"127.0.0.1:{seaweed.port} does not speak TLS" in r.stderr, r.stderr
+    r = run_ckptfs("ls", url, "--timeout", "20", env={**s3obj.env, "AWS_ENDPOINT_URL": f"https://127.0.0.1:{nginx.https_port}"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "gave up" not in r.stderr, r.stderr
+    assert f"the TLS certificate of 127.0.0.1:{nginx.https_port} is not trusted (self-signed certificate); " \
+           "AWS_CA_BUNDLE" in r.stderr, r.stderr
+
+
 def test_open_and_load_with_storage_options(s3obj, seaweed):
     with ckptfs.open(s3obj.url, storage_options=_options(seaweed)) as ckpt:
         assert ckpt.name == s3obj.url

@@ -21,11 +21,14 @@ import asyncio
 import concurrent.futures
 import datetime
 import os
+import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..errors import CkptfsError, RemoteError
+from .http import tls_refusal
 from .options import RemoteOptions
 from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, stale
 from .urls import Redactor, is_chain, redact_url, scheme
@@ -286,6 +289,31 @@ def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
     if isinstance(e, (bx.ProfileNotFound, bx.ConfigNotFound, bx.ConfigParseError, bx.NoRegionError,
                       bx.UnknownCredentialError, bx.InvalidConfigError)):
         return RemoteError(redact(f"AWS configuration: {e}"))
+    if isinstance(e, bx.BotoCoreError):  # (botocore's SSLError) an untrusted endpoint, a port without TLS
+        cause = _ssl_cause(e)
+        endpoint = urlsplit(str(e.kwargs.get("endpoint_url") or ""))
+        refused = tls_refusal(cause, endpoint.netloc or "the endpoint") if cause is not None else None
+        if refused is not None:
+            return RemoteError(redact(refused.replace("storage option verify=PATH names a CA bundle",
+                                                      "AWS_CA_BUNDLE or --storage-option client_kwargs.verify=PATH "
+                                                      "names a CA bundle")))
+    return None
+
+
+def _ssl_cause(e: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a client's exception (botocore wraps aiohttp's, which wraps the ssl module's)."""
+    seen: set[int] = set()
+    todo: list[object] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, ssl.SSLError) and type(x).__module__ == "ssl":  # (aiohttp's wrappers subclass it too)
+            return x
+        kwargs = getattr(x, "kwargs", None)
+        todo += [getattr(x, "__cause__", None), getattr(x, "__context__", None), getattr(x, "certificate_error", None),
+                 getattr(x, "os_error", None), kwargs.get("error") if isinstance(kwargs, dict) else None]
     return None
 
 

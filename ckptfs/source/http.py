@@ -449,9 +449,9 @@ def tls_refusal(e: ssl.SSLError, where: str) -> str | None:
     """Why a TLS failure with ``where`` (host:port) is final, or None (worth retrying): an untrusted
     certificate, or a port that does not speak TLS (an ``https://`` URL of a plain HTTP server)."""
     if isinstance(e, ssl.SSLCertVerificationError):
-        return (f"the TLS certificate of {where} is not trusted ({e.verify_message}); storage option verify=PATH "
-                "names a CA bundle")
-    if e.reason in TLS_MISMATCH:
+        return (f"the TLS certificate of {where} is not trusted ({getattr(e, 'verify_message', None) or e}); "
+                "storage option verify=PATH names a CA bundle")
+    if getattr(e, "reason", None) in TLS_MISMATCH:
         return f"{where} does not speak TLS ({e.reason}): an http:// URL, or another port?"
     return None
 
