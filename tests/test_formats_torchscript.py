@@ -10,6 +10,7 @@ import torch
 
 import ckptfs
 import ckptfs.container.torchscript  # noqa: F401 - imported before the audit window
+import ckptfs.torchio.tensors  # noqa: F401 - ckpt.tensor() would import it (ckptfs's own code) inside audited()
 from ckptfs.cli import EXIT_ERROR, EXIT_OK, main
 from helpers import audited, lookup, torch_bytes
 
