@@ -97,3 +97,30 @@ def test_a_bad_member_fails_the_merge_naming_its_file_and_closes_the_rest(tmp_pa
         os.fstat(good[0][1].fd)  # closed on failure
     with pytest.raises(FormatError, match="no checkpoint files"):
         Catalog.merge([], name="empty", flat=True)
+
+
+def test_renamed_key_never_takes_a_real_key_of_a_later_file(tmp_path):
+    # shard-1 has its own "w#2": the duplicate "w" must not take that name from it
+    first, second, real = torch.zeros(3), torch.ones(3), torch.full((3,), 7.0)
+    sources = _shards(tmp_path, [{"w": first}, {"w": second, "w#2": real}])
+    cat = Catalog.merge(sources, name=str(tmp_path), flat=True)
+    with ckptfs.Checkpoint(cat) as ckpt:
+        assert sorted(ckpt.keys()) == ["w", "w#2", "w#3"]
+        assert ckpt.read("w#2") == torch_bytes(real)
+        assert ckpt.read("w#3") == torch_bytes(second)
+        (conflict,) = cat.conflicts
+        assert (conflict.key, conflict.renamed) == ("w", "w#3")
+
+
+def test_dotted_key_colliding_with_a_nested_one_keeps_the_real_suffixed_key(tmp_path):
+    # {"a": {"b": x}} and the literal key "a.b" both read "a.b"; the nested dict's own "b#2" keeps "a.b#2"
+    x, y, z = torch.zeros(2), torch.ones(2), torch.full((2,), 5.0)
+    path = tmp_path / "dotted.pt"
+    torch.save({"a": {"b": x, "b#2": z}, "a.b": y}, path)
+    ref = torch.load(path, weights_only=True)
+    with ckptfs.open(path) as ckpt:
+        assert sorted(ckpt.keys()) == ["a.b", "a.b#2", "a.b#3"]
+        assert ckpt.read("a.b") == torch_bytes(ref["a.b"])  # the shallower key is a row first
+        assert ckpt.read("a.b#2") == torch_bytes(ref["a"]["b#2"])
+        assert ckpt.read("a.b#3") == torch_bytes(ref["a"]["b"])
+        assert ckpt.row("a.b#3") == ckpt.row(("a", "b"))

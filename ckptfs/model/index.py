@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence, Union
 
 from ..errors import LimitError, brief
 from ..limits import DEFAULT_LIMITS, Limits, MemoryGuard
@@ -355,8 +355,10 @@ class Index:
         groups: set[int] = set()  # rows made by ckptfs (Group): keys spread into them may collide
         v2 = V2_CALL
 
-        def expand(i: int, items: Iterable[tuple[object, object]], n_items: int, m: int) -> None:
-            """Append the rows of ``items`` (children of row ``i``, from member ``m``)."""
+        def expand(i: int, items: Iterable[tuple[object, object]], n_items: int, m: int,
+                   batch: Callable[[], set[str]]) -> None:
+            """Append the rows of ``items`` (children of row ``i``, from member ``m``). ``batch`` gives the
+            keys every item of this expansion would have unrenamed: a renamed key never takes one."""
             nonlocal key_bytes, n_tensors
             # locals, not closure cells, in the loop below (it runs once per row)
             keys_, names_, parents_, kinds_, nodes_, by_key_ = keys, names, parents, kinds, nodes, by_key
@@ -367,6 +369,7 @@ class Index:
             node: object
             prefix = keys[i] + "." if i else ""
             first = len(keys)
+            reserved: set[str] | None = None  # batch(), computed at the first collision only
             d1 = depth[i] + 1
             if first + n_items > max_nodes:
                 raise LimitError(f"more than {max_nodes} objects in the checkpoint (--limit max_nodes=N raises it)")
@@ -384,10 +387,13 @@ class Index:
                 row = len(keys_)
                 if by_key_.setdefault(key, row) != row:
                     old = key
-                    key = _dedupe(key, by_key_, dups)
+                    if reserved is None:
+                        reserved = batch()
+                    key = _dedupe(key, by_key_, dups, reserved)
                     by_key_[key] = row
-                    if owners is not None and i in groups and owners[by_key_[old]] != m:
-                        self.conflicts.append((old, owners[by_key_[old]], m, key))
+                    holder = by_key_[old]  # a row of this expansion (row >= first) is member m's own
+                    if owners is not None and i in groups and holder < first and owners[holder] != m:
+                        self.conflicts.append((old, owners[holder], m, key))
                 if kind == TENSOR:
                     n_tensors += 1
                     if n_tensors > max_tensors:
@@ -419,17 +425,29 @@ class Index:
             assert members is not None
             groups.add(i)
             first = len(keys)
+            prefix = keys[i] + "." if i else ""
+            memo: list[set[str]] = []
+
+            def batch() -> set[str]:  # every member's keys: a renamed duplicate never takes a later file's key
+                if not memo:
+                    names: list[object] = [name for name, _ in group.named]
+                    for m in group.flat:
+                        name, obj, _conv = members[m]  # type: ignore[index]
+                        names.extend(obj if isinstance(obj, dict) and type(obj) in PLAIN_DICTS else [name])
+                    memo.append(_natural_keys(prefix, names))
+                return memo[0]
+
             for m in group.flat:
                 name, obj, _conv = members[m]
                 if isinstance(obj, dict) and type(obj) in PLAIN_DICTS:
-                    expand(i, obj.items(), len(obj), m)
+                    expand(i, obj.items(), len(obj), m, batch)
                 else:
-                    expand(i, [(name, obj)], 1, m)
+                    expand(i, [(name, obj)], 1, m, batch)
             for name, what in group.named:
                 if isinstance(what, Group):
-                    expand(i, [(name, what)], 1, -1)
+                    expand(i, [(name, what)], 1, -1, batch)
                 else:
-                    expand(i, [(name, members[what][1])], 1, what)
+                    expand(i, [(name, members[what][1])], 1, what, batch)
             spans[i] = (first, len(keys) - first)
 
         if members is None:
@@ -479,7 +497,7 @@ class Index:
                 items = enumerate(obj)  # type: ignore[arg-type]
             first = len(keys)
             n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
-            expand(i, items, n_items, owners[i] if owners is not None else 0)
+            expand(i, items, n_items, owners[i] if owners is not None else 0, _batch_of(keys[i] + "." if i else "", k_i, obj, items))
             items = None  # type: ignore[assignment]  # no reference to the last child outlives this expansion (see `sole`)
             spans[i] = (first, len(keys) - first)
             nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
@@ -573,6 +591,20 @@ def _sole_holders() -> int:
 SOLE_HOLDERS = _sole_holders()
 
 
+def _natural_keys(prefix: str, names: Iterable[object]) -> set[str]:
+    return {prefix + (n if type(n) is str else component(n)) for n in names}
+
+
+def _batch_of(prefix: str, kind: str, obj: object, items: object) -> Callable[[], set[str]]:
+    """The unrenamed keys of a container's children, computed only if one of them collides (a list's
+    indices, a dict's keys: still all present while ``_draining`` hands its values out)."""
+    if kind == DICT:
+        return lambda: _natural_keys(prefix, obj)  # type: ignore[arg-type]
+    if kind == OPAQUE or kind == COMPOSITE:
+        return lambda: _natural_keys(prefix, [name for name, _ in items])  # type: ignore[attr-defined]
+    return lambda: _natural_keys(prefix, range(len(obj)))  # type: ignore[arg-type]
+
+
 def _draining(d: dict[object, object]) -> Iterator[tuple[object, object]]:
     """``d.items()``, each value replaced by None in ``d`` as it is handed out (same size: iterating stays
     valid; the key's hash is cached or was computed by the unpickler already), then ``d`` emptied."""
@@ -596,11 +628,12 @@ def _container_info(obj: object) -> object:
     return None
 
 
-def _dedupe(key: str, by_key: dict[str, int], dups: dict[str, int]) -> str:
-    """``key#2``, ``key#3``, ...: the first suffix not taken (remembered per key: 10^5 equal keys, e.g.
-    unknown objects used as dict keys, all named alike, stay linear)."""
+def _dedupe(key: str, by_key: dict[str, int], dups: dict[str, int], reserved: Collection[str] = ()) -> str:
+    """``key#2``, ``key#3``, ...: the first suffix neither taken nor ``reserved`` (the keys of rows still
+    to come in this expansion); remembered per key: 10^5 equal keys, e.g. unknown objects used as dict keys,
+    all named alike, stay linear."""
     n = dups.get(key, 2)
-    while f"{key}#{n}" in by_key:
+    while f"{key}#{n}" in by_key or f"{key}#{n}" in reserved:
         n += 1
     dups[key] = n + 1
     return f"{key}#{n}"
