@@ -268,3 +268,19 @@ def test_ckptfs_accepts_exactly_what_the_library_accepts(tmp_path: Path, case: t
     with ckpt, safe_open(path, framework="pt") as f:
         for k in f.keys():
             assert ckpt.read(k) == torch_bytes(f.get_tensor(k)), k
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=5))
+def test_contiguous_strides_are_torch_empty_strides(shape):
+    # safetensors and DCP tensors get these strides (safetensors.torch and dcp_to_torch_save make torch.empty ones)
+    from ckptfs.pickle.nodes import contiguous_strides
+    assert contiguous_strides(tuple(shape)) == torch.empty(shape).stride()
+
+
+def test_size0_dimension_strides_match_safe_open(tmp_path):
+    path = tmp_path / "z.safetensors"
+    save_file({"inner": torch.zeros(3, 0, 2), "last": torch.zeros(2, 3, 0), "first": torch.zeros(0, 4)}, path)
+    with safe_open(path, "pt") as f, ckptfs.open(path) as ckpt:
+        for key in f.keys():
+            assert ckpt.meta(key).stride == f.get_tensor(key).stride(), key

@@ -39,8 +39,7 @@ from ..limits import DEFAULT_LIMITS, Limits
 from ..model.catalog import Catalog
 from ..model.extents import Content, Literal, Piece, SourceRange, source_range
 from ..model.opener import Target
-from ..model.tensors import contiguous_strides
-from ..pickle.nodes import TensorNode
+from ..pickle.nodes import TensorNode, contiguous_strides
 from ..source import LocalFile
 from ..source.options import RemoteOptions
 from ..source.urls import is_url

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..dtypes import DTYPES, DType
 from ..errors import FormatError, LimitError, TensorError
 from ..limits import DEFAULT_LIMITS, Limits
-from ..pickle.nodes import StorageRef, TensorNode
+from ..pickle.nodes import StorageRef, TensorNode, contiguous_strides
 from ..source import ByteSource, SubRange, read_exact
 from .base import Attachment, ObjectGraph
 
@@ -218,12 +218,7 @@ class SafetensorsFile:
         else:  # packed sub-byte values torch has no dtype for: their bytes, as uint8
             shape = (nbytes,)
         ref = StorageRef(e.name, dtype, nbytes // dtype.itemsize, "cpu", "safetensors", self)
-        stride = []
-        acc = 1
-        for s in reversed(shape):
-            stride.append(acc)
-            acc *= max(s, 1)  # as torch strides a size-0 dimension (safetensors.torch's tensors)
-        return TensorNode("dense", ref, dtype, shape, tuple(reversed(stride)), 0)
+        return TensorNode("dense", ref, dtype, shape, contiguous_strides(shape), 0)  # as safetensors.torch makes them
 
     # --- storages -----------------------------------------------------------------------------------
     def _get(self, key: str) -> SafetensorsEntry:

@@ -432,7 +432,7 @@ class Index:
                 if not memo:
                     names: list[object] = [name for name, _ in group.named]
                     for m in group.flat:
-                        name, obj, _conv = members[m]  # type: ignore[index]
+                        name, obj, _conv = members[m]
                         names.extend(obj if isinstance(obj, dict) and type(obj) in PLAIN_DICTS else [name])
                     memo.append(_natural_keys(prefix, names))
                 return memo[0]

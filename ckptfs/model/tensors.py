@@ -33,17 +33,6 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-contiguous strides as torch makes them: a size-0 dimension counts as 1 (``torch.empty(3, 0, 2)``
-    has strides (2, 2, 1))."""
-    out = [0] * len(shape)
-    acc = 1
-    for d in range(len(shape) - 1, -1, -1):
-        out[d] = acc
-        acc *= max(shape[d], 1)
-    return tuple(out)
-
-
 def is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """C-contiguous as torch defines it: strides of size-1 dimensions do not matter."""
     acc = 1

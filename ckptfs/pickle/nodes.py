@@ -164,6 +164,17 @@ def metadata_extra(metadata: dict[object, object]) -> dict[str, object]:
     return {k: v for k, v in metadata.items() if type(k) is str and k not in RESERVED_EXTRA}
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-contiguous strides as torch makes them: a size-0 dimension counts as 1 (``torch.empty(3, 0, 2)``
+    has strides (2, 2, 1))."""
+    out = [0] * len(shape)
+    acc = 1
+    for d in range(len(shape) - 1, -1, -1):
+        out[d] = acc
+        acc *= max(shape[d], 1)
+    return tuple(out)
+
+
 class TensorNode(Inert):
     """A tensor as the pickle describes it. ``kind`` is "dense" for plain strided tensors (served);
     other kinds (quantized, sparse, nested, meta, wrapper, ...) carry what they are in ``extra``."""

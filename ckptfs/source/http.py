@@ -29,7 +29,7 @@ from .._version import __version__
 from ..errors import CkptfsError, RemoteError
 from .options import RemoteOptions
 from .remote import Deadline, NotFound, ObjectInfo, Transient, stale
-from .urls import Redactor, redact_url
+from .urls import Redactor, host_port, redact_url
 
 OPTIONS = ("headers", "username", "password", "verify")
 MAX_REDIRECTS = 8
@@ -76,7 +76,7 @@ class _Target:
 
     @property
     def where(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
 
 class HttpTransport:
@@ -141,8 +141,7 @@ class HttpTransport:
         opts: dict[str, object] = {"headers": self._headers_for(self._origin_target, {}), "ssl": self._ssl}
         proxy = proxy_for(self._origin_target.scheme, self._origin_target.host)
         if proxy is not None:
-            host = f"[{proxy.host}]" if ":" in proxy.host else proxy.host
-            opts["proxy"] = f"http://{host}:{proxy.port}"
+            opts["proxy"] = f"http://{host_port(proxy.host, proxy.port)}"
             if proxy.headers:
                 opts["proxy_headers"] = proxy.headers
         return opts

@@ -25,7 +25,7 @@ from .directory import DirEntry, check_relative
 from .fsspec_remote import FsspecTransport
 from .options import RemoteOptions
 from .remote import Deadline, NotFound, Transient, open_url, retrying
-from .urls import chain, is_chain, redact_url, scheme
+from .urls import chain, host_port, is_chain, redact_url, scheme
 
 NO_LISTING = ("the server gives no directory listing; name the files themselves, or turn listings on (nginx: "
               "autoindex on)")
@@ -190,7 +190,7 @@ def _connect_failure(e: Exception) -> Exception:
     from .http import tls_refusal
 
     host, port = getattr(e, "host", "?"), getattr(e, "port", None)
-    where = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    where = host_port(host, port)
     cause = e.certificate_error if isinstance(e, aiohttp.ClientConnectorCertificateError) else e.os_error  # type: ignore[attr-defined]
     if isinstance(cause, ssl.SSLError):
         refused = tls_refusal(cause, where)

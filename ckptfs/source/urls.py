@@ -65,6 +65,11 @@ def local_path(target: str) -> str:
     return target
 
 
+def host_port(host: object, port: object) -> str:
+    """``host:port`` as a URL writes it: an IPv6 address in brackets (``[::1]:8080``)."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 def scheme(url: str) -> str:
     """The protocol of a URL (of the last link of an fsspec chain), lower case."""
     last = chain(url)[-1]

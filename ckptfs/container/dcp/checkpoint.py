@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ...errors import CkptfsError, FormatError, LimitError, TensorError
 from ...limits import DEFAULT_LIMITS, Limits
 from ...pickle.allowlist import opaque_call
-from ...pickle.nodes import StorageRef, TensorNode
+from ...pickle.nodes import StorageRef, TensorNode, contiguous_strides
 from ...pickle.unpickler import probed_together
 from ...source import ByteSource, Directory, SubRange
 from ..base import Attachment, ObjectGraph
@@ -95,16 +95,6 @@ def _lists(made: list[tuple[dict[object, object], object, dict[object, object]]]
         n = len(d)
         if n and all(type(k) is int for k in d) and set(d) == set(range(n)):
             parent[key] = [d[i] for i in range(n)]
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of ``torch.empty(shape)`` (what dcp_to_torch_save makes): a size-0 dimension counts as 1."""
-    out = []
-    acc = 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(out))
 
 
 class DcpCheckpoint:
@@ -226,7 +216,7 @@ class DcpCheckpoint:
         ref = StorageRef(entry.fqn, entry.dtype, numel, "cpu", "dcp", self)
         # not requires_grad even when the metadata's TensorProperties say so: torch's loaders (dcp_to_torch_save,
         # dcp.load into an empty state_dict) make plain torch.empty tensors (the flag is in extra)
-        t = TensorNode("dense", ref, entry.dtype, entry.size, _contiguous(entry.size), 0, False)
+        t = TensorNode("dense", ref, entry.dtype, entry.size, contiguous_strides(entry.size), 0, False)
         why = entry.error or self._storage_problem(entry)
         if why is not None:
             ref.error = t.error = why
