@@ -133,6 +133,12 @@ def test_https_verifies_certificates(nginx, served):
         assert "emb.weight" in r.stdout
     with ckptfs.open(url, storage_options={"verify": str(nginx.cert)}) as ckpt:
         assert ckpt.read("big") == torch_bytes(served.expected["big"])
+    env = {k: v for k, v in os.environ.items() if k not in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")}
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # what users of requests and curl already set
+        r = run_ckptfs("ls", url, env={**env, var: str(nginx.cert)})
+        assert r.returncode == 0 and "emb.weight" in r.stdout, (var, r.stderr)
+    r = run_ckptfs("ls", url, env={**env, "REQUESTS_CA_BUNDLE": "/nonexistent/ca.pem"})
+    assert r.returncode == 2 and "REQUESTS_CA_BUNDLE='/nonexistent/ca.pem': cannot load the CA bundle" in r.stderr, r.stderr
 
 
 def test_basic_auth_from_url_or_options(nginx, served):

@@ -6,7 +6,8 @@ URL's own origin.
 Storage options (``--storage-option KEY=VALUE``): ``headers`` (a mapping; ``headers.Authorization=...`` on
 the command line), ``username`` / ``password`` (HTTP basic auth; also taken from the URL's
 ``user:password@`` or from ``~/.netrc``), ``verify`` (``false`` to accept any TLS certificate, or the path
-of a CA bundle; ``SSL_CERT_FILE`` works too). Proxies: ``http_proxy`` / ``https_proxy`` / ``no_proxy`` as
+of a CA bundle; without it ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` names one as for requests and curl,
+and ``SSL_CERT_FILE`` works too). Proxies: ``http_proxy`` / ``https_proxy`` / ``no_proxy`` as
 curl reads them (an ``http://`` proxy; HTTPS goes through a CONNECT tunnel); loopback hosts never use one.
 """
 
@@ -16,6 +17,7 @@ import base64
 import email.utils
 import http.client
 import netrc
+import os
 import re
 import select
 import socket
@@ -123,15 +125,22 @@ class HttpTransport:
 
     def _ssl_context(self, verify: object) -> ssl.SSLContext:
         ctx = ssl.create_default_context()
+        bundle, origin = None, ""
         if isinstance(verify, str) and verify.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            try:
-                ctx.load_verify_locations(cafile=verify)
-            except (OSError, ssl.SSLError) as e:
-                raise CkptfsError(f"storage option verify={verify!r}: cannot load the CA bundle ({e})",
-                                  file=self.name) from None
+            bundle, origin = verify, f"storage option verify={verify!r}"
         elif verify is False or (isinstance(verify, str) and verify.lower() in ("false", "0", "no")):
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
+        else:
+            for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):  # as requests and curl read them
+                if os.environ.get(var):
+                    bundle, origin = os.environ[var], f"{var}={os.environ[var]!r}"
+                    break
+        if bundle is not None:  # trusted besides the system's CAs
+            try:
+                ctx.load_verify_locations(cafile=bundle)
+            except (OSError, ssl.SSLError) as e:
+                raise CkptfsError(f"{origin}: cannot load the CA bundle ({e})", file=self.name) from None
         return ctx
 
     def fsspec_options(self) -> dict[str, object]:
