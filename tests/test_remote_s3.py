@@ -80,6 +80,16 @@ def test_an_endpoint_whose_tls_cannot_work_fails_at_once(s3obj, seaweed, nginx, 
            "AWS_CA_BUNDLE" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("target", ["object", "directory"])
+def test_an_endpoint_host_that_does_not_exist_fails_at_once(s3obj, target):
+    """No such host (the name does not resolve): no retrying for the whole --timeout, as for https:// objects."""
+    url = s3obj.url if target == "object" else s3obj.url.rsplit("/", 1)[0] + "/"
+    r = run_ckptfs("ls", url, "--timeout", "60", env={**s3obj.env, "AWS_ENDPOINT_URL": "http://ckptfs-nohost.invalid:9000"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "gave up" not in r.stderr, r.stderr
+    assert "cannot resolve the host name ckptfs-nohost.invalid of the endpoint http://ckptfs-nohost.invalid:9000" \
+        in r.stderr, r.stderr
+
+
 def test_open_and_load_with_storage_options(s3obj, seaweed):
     with ckptfs.open(s3obj.url, storage_options=_options(seaweed)) as ckpt:
         assert ckpt.name == s3obj.url

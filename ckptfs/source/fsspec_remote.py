@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import datetime
 import os
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -297,11 +298,23 @@ def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
             return RemoteError(redact(refused.replace("storage option verify=PATH names a CA bundle",
                                                       "AWS_CA_BUNDLE or --storage-option client_kwargs.verify=PATH "
                                                       "names a CA bundle")))
+        unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+        if _cause(e, lambda x: isinstance(x, socket.gaierror) and x.errno in unknown) is not None:
+            # no such host: not a transient fault (a DNS server that does not answer is EAI_AGAIN: retried)
+            return RemoteError(redact(f"cannot resolve the host name {endpoint.hostname or '?'} of the endpoint "
+                                      f"{endpoint.scheme}://{endpoint.netloc}"))
     return None
 
 
 def _ssl_cause(e: BaseException) -> ssl.SSLError | None:
     """The TLS error behind a client's exception (botocore wraps aiohttp's, which wraps the ssl module's)."""
+    found = _cause(e, lambda x: isinstance(x, ssl.SSLError) and type(x).__module__ == "ssl")  # (aiohttp's wrappers subclass it too)
+    return found  # type: ignore[return-value]
+
+
+def _cause(e: BaseException, wanted: Callable[[object], bool]) -> object | None:
+    """The first exception in the chain behind ``e`` (causes, contexts, aiohttp's and botocore's wrapped
+    errors) that is ``wanted``."""
     seen: set[int] = set()
     todo: list[object] = [e]
     while todo:
@@ -309,7 +322,7 @@ def _ssl_cause(e: BaseException) -> ssl.SSLError | None:
         if x is None or id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, ssl.SSLError) and type(x).__module__ == "ssl":  # (aiohttp's wrappers subclass it too)
+        if wanted(x):
             return x
         kwargs = getattr(x, "kwargs", None)
         todo += [getattr(x, "__cause__", None), getattr(x, "__context__", None), getattr(x, "certificate_error", None),
