@@ -187,6 +187,7 @@ def test_redirects_are_followed_once(nginx, served):
     log = nginx.log()[since:]
     moved = [e for e in log if e["uri"] == f"/moved/{NAME}"]
     assert [e["status"] for e in moved] == [302], moved  # later requests go to the target directly
+    assert moved[0]["conn"] in {e["conn"] for e in log if e["uri"] == served.uri}, log  # its connection is kept
     assert len([e for e in log if e["uri"] == served.uri]) >= 3
 
 

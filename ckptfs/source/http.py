@@ -36,6 +36,7 @@ from .urls import Redactor, host_port, redact_url
 OPTIONS = ("headers", "username", "password", "verify")
 MAX_REDIRECTS = 8
 REDIRECTS = (301, 302, 303, 307, 308)
+REDIRECT_BODY = 64 << 10  # a redirect's page longer than this is not read (its connection is closed)
 RETRY_STATUS = (408, 425, 429)
 CHUNK = 1 << 20
 #: TLS failures that trying again cannot cure: the port speaks plain HTTP, or no common protocol version
@@ -208,6 +209,19 @@ class HttpTransport:
                 return
         conn.close()
 
+    def _discard_body(self, target: _Target, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        """A response whose body is not wanted (a redirect's page): a short one is read so that the connection
+        goes back to the pool (the request after a redirect often goes to the same host); a long one closes it."""
+        if resp.length is not None and resp.length > REDIRECT_BODY or resp.will_close:
+            conn.close()
+            return
+        try:
+            resp.read(REDIRECT_BODY)
+        except Exception:  # noqa: BLE001 - a connection that cannot be reused, not a failed read
+            conn.close()
+            return
+        self._release(target, conn, resp)
+
     def _send(self, target: _Target, headers: Mapping[str, str],
               deadline: Deadline) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
         while True:
@@ -241,7 +255,7 @@ class HttpTransport:
             resp, conn = self._send(target, headers, deadline)
             if resp.status in REDIRECTS:
                 location = resp.getheader("Location")
-                conn.close()
+                self._discard_body(target, conn, resp)
                 hops += 1
                 if not location or hops > MAX_REDIRECTS:
                     raise RemoteError(f"too many redirects (or one without a Location), last from {target.where}")
