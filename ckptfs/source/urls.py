@@ -92,6 +92,8 @@ def redact_url(url: str) -> str:
         return f"<a {scheme(url) or 'malformed'} URL>"
     netloc = parts.netloc.rpartition("@")[2]
     query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
+    if parts.scheme and url[len(parts.scheme) + 1 :].startswith("//"):  # kept when empty: "s3://", "file:///x"
+        return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
