@@ -319,3 +319,16 @@ def test_chunked_answers_are_read_to_their_end_and_their_connections_kept(nginx,
     assert all(e["status"] == 206 for e in reqs), reqs
     assert len({(e["range"]) for e in reqs}) == len(reqs), reqs  # nothing fetched twice
     assert chunking.connections <= 2, (chunking.connections, len(reqs))
+
+
+def test_an_export_that_cannot_fit_is_refused_before_writing(nginx, tmp_path):
+    """An expanded view (stride 0) is written out whole: more than the destination's free space is refused at
+    once, naming both figures, and nothing is left behind."""
+    free = shutil.disk_usage(tmp_path).free
+    n = (free + (1 << 30)) // 4
+    save(nginx.root / "expanded.pth", {"w": torch.zeros(1).expand(n)})
+    dst = tmp_path / "out.safetensors"
+    r = run_ckptfs("export", nginx.url("expanded.pth"), str(dst), timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{dst}: needs {n * 4 / 2**30:.2f} GiB but {tmp_path} has " in r.stderr and "GiB free" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -282,6 +282,23 @@ def _remove(path: str) -> None:
             pass
 
 
+def _check_space(dst: str, need: int, sources: Sequence[object]) -> None:
+    """Refuse at once what cannot fit (rather than fail with ENOSPC after writing for an hour). On the
+    filesystem of a local source the copy may share its blocks (copy_file_range reflinks on btrfs and XFS):
+    not refused there; a local source's holes stay holes in the copy: not counted."""
+    where = os.path.dirname(dst)
+    try:
+        st, dev = os.statvfs(where), os.stat(where).st_dev
+        local = [os.fstat(s.fd) for s in sources if isinstance(s, LocalFile)]
+    except OSError:
+        return  # (the writes say what is wrong)
+    free = st.f_bavail * st.f_frsize
+    holes = sum(max(0, f.st_size - f.st_blocks * 512) for f in local)
+    if need - holes <= free or any(f.st_dev == dev for f in local):
+        return
+    raise CkptfsError(f"needs {need / 2**30:.2f} GiB but {where} has {free / 2**30:.2f} GiB free", file=dst)
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -332,6 +349,7 @@ def _write_all(model: ModelSource, outputs: list[_Output], dst: str, single: boo
     try:
         for s in sources:
             s.check_unchanged(True)
+        _check_space(dst, sum(o.size for o in outputs), sources)
         if not single:
             os.mkdir(tmp, 0o755)
         if progress is not None:
