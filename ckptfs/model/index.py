@@ -497,8 +497,10 @@ class Index:
                 items = enumerate(obj)  # type: ignore[arg-type]
             first = len(keys)
             n_items = len(items) if k_i == OPAQUE or k_i == COMPOSITE else len(obj)  # type: ignore[arg-type]
-            expand(i, items, n_items, owners[i] if owners is not None else 0, _batch_of(keys[i] + "." if i else "", k_i, obj, items))
+            batch = _batch_of(keys[i] + "." if i else "", k_i, obj, items)
+            expand(i, items, n_items, owners[i] if owners is not None else 0, batch)
             items = None  # type: ignore[assignment]  # no reference to the last child outlives this expansion (see `sole`)
+            del batch  # (it holds obj and items too)
             spans[i] = (first, len(keys) - first)
             nodes[i] = _container_info(obj)  # the children are rows now; drop the pickled object
             if len(keys) >= next_check:

@@ -308,8 +308,8 @@ def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
 
 def _ssl_cause(e: BaseException) -> ssl.SSLError | None:
     """The TLS error behind a client's exception (botocore wraps aiohttp's, which wraps the ssl module's)."""
-    found = _cause(e, lambda x: isinstance(x, ssl.SSLError) and type(x).__module__ == "ssl")  # (aiohttp's wrappers subclass it too)
-    return found  # type: ignore[return-value]
+    # (aiohttp's wrappers subclass ssl.SSLError too)
+    return _cause(e, lambda x: isinstance(x, ssl.SSLError) and type(x).__module__ == "ssl")  # type: ignore[return-value]
 
 
 def _cause(e: BaseException, wanted: Callable[[object], bool]) -> object | None:
