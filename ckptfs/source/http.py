@@ -37,6 +37,7 @@ OPTIONS = ("headers", "username", "password", "verify")
 MAX_REDIRECTS = 8
 REDIRECTS = (301, 302, 303, 307, 308)
 REDIRECT_BODY = 64 << 10  # a redirect's page longer than this is not read (its connection is closed)
+REDIRECT_WAIT = 1.0  # seconds a redirect's page may take to arrive before its connection is closed instead
 RETRY_STATUS = (408, 425, 429)
 CHUNK = 1 << 20
 #: TLS failures that trying again cannot cure: the port speaks plain HTTP, or no common protocol version
@@ -216,6 +217,8 @@ class HttpTransport:
             conn.close()
             return
         try:
+            if conn.sock is not None:  # a page that trickles in is not worth the wait
+                conn.sock.settimeout(REDIRECT_WAIT)
             resp.read(REDIRECT_BODY)
         except Exception:  # noqa: BLE001 - a connection that cannot be reused, not a failed read
             conn.close()
