@@ -21,7 +21,6 @@ import asyncio
 import concurrent.futures
 import datetime
 import os
-import socket
 import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 from ..errors import CkptfsError, RemoteError
 from .http import tls_refusal
 from .options import RemoteOptions
-from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, stale
+from .remote import Deadline, NotAFile, NotFound, ObjectInfo, Transient, Transport, no_such_host, stale
 from .urls import Redactor, is_chain, redact_url, scheme
 
 T = TypeVar("T")
@@ -298,9 +297,7 @@ def botocore_refusal(e: BaseException, redact: Redactor) -> RemoteError | None:
             return RemoteError(redact(refused.replace("storage option verify=PATH names a CA bundle",
                                                       "AWS_CA_BUNDLE or --storage-option client_kwargs.verify=PATH "
                                                       "names a CA bundle")))
-        unknown = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
-        if _cause(e, lambda x: isinstance(x, socket.gaierror) and x.errno in unknown) is not None:
-            # no such host: not a transient fault (a DNS server that does not answer is EAI_AGAIN: retried)
+        if _cause(e, no_such_host) is not None:  # not a transient fault
             return RemoteError(redact(f"cannot resolve the host name {endpoint.hostname or '?'} of the endpoint "
                                       f"{endpoint.scheme}://{endpoint.netloc}"))
     return None

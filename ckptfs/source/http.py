@@ -30,7 +30,7 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 from .._version import __version__
 from ..errors import CkptfsError, RemoteError
 from .options import RemoteOptions
-from .remote import Deadline, NotFound, ObjectInfo, Transient, stale
+from .remote import Deadline, NotFound, ObjectInfo, Transient, no_such_host, stale
 from .urls import Redactor, host_port, redact_url
 
 OPTIONS = ("headers", "username", "password", "verify")
@@ -281,7 +281,7 @@ class HttpTransport:
         if isinstance(e, ssl.SSLError) and (refused := tls_refusal(e, where)) is not None:
             return RemoteError(self._redact(refused))
         if isinstance(e, socket.gaierror):
-            if e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            if no_such_host(e):
                 return RemoteError(f"cannot resolve the host name {target.host}")
             return Transient(f"cannot resolve the host name {target.host} ({e.strerror})")
         if isinstance(e, TimeoutError):

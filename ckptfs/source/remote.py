@@ -33,6 +33,7 @@ import copy
 import logging
 import os
 import random
+import socket
 import threading
 import time
 import weakref
@@ -87,6 +88,12 @@ class ObjectInfo:
 
 def _etag_value(etag: str) -> str:
     return etag[2:] if etag.startswith("W/") else etag
+
+
+def no_such_host(e: object) -> bool:
+    """A name lookup answered "no such host" (not a DNS server that did not answer, EAI_AGAIN: that one is
+    retried)."""
+    return isinstance(e, socket.gaierror) and e.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
 
 
 class Transient(Exception):

@@ -24,7 +24,7 @@ from .base import ByteSource
 from .directory import DirEntry, check_relative
 from .fsspec_remote import FsspecTransport
 from .options import RemoteOptions
-from .remote import Deadline, NotFound, Transient, open_url, retrying
+from .remote import Deadline, NotFound, Transient, no_such_host, open_url, retrying
 from .urls import chain, host_port, is_chain, redact_url, scheme
 
 NO_LISTING = ("the server gives no directory listing; name the files themselves, or turn listings on (nginx: "
@@ -182,7 +182,6 @@ def _http_status(e: Exception) -> Exception:
 def _connect_failure(e: Exception) -> Exception:
     """aiohttp's failure to connect (``e.host``, ``e.port``): refused at once where ckptfs's own client refuses
     (an unknown host name, an untrusted certificate, a port without TLS), else retried."""
-    import socket
     import ssl
 
     import aiohttp
@@ -197,7 +196,7 @@ def _connect_failure(e: Exception) -> Exception:
         return RemoteError(refused) if refused is not None else Transient(f"TLS error with {where}: "
                                                                           f"{cause.reason or cause}")
     if isinstance(e, aiohttp.ClientConnectorDNSError):
-        if getattr(cause, "errno", None) in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+        if no_such_host(cause):
             return RemoteError(f"cannot resolve the host name {host}")
         return Transient(f"cannot resolve the host name {host} ({getattr(cause, 'strerror', None) or cause})")
     if isinstance(cause, ConnectionRefusedError):
