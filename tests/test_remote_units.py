@@ -246,3 +246,30 @@ def test_a_sequential_stream_drops_what_it_read_long_ago_and_nothing_else():
     advice = [ra.on_read(0, 512), ra.on_read(64, 30), ra.on_read((10 << 20) - 65_000, 65_000),
               ra.on_read((10 << 20) - 600_000, 530_000), ra.on_read(100, 300_000)]
     assert all(a.drop is None for a in advice)
+
+
+def test_a_block_read_ahead_leaves_the_cache_once_all_its_bytes_were_copied_out():
+    """Read-ahead for a sequential reader: each block is read once (a mount's page cache keeps the bytes), so
+    its memory takes the next block as soon as it has been copied out, not 24 MiB later; a block a reader
+    fetched itself stays cached (random reads come back)."""
+    c = BlockCache(8, 1 << 20)
+    assert c.claim([0, 1], once=True) == [0, 1]
+    assert c.claim([2]) == [2]
+    for idx in (0, 1, 2):
+        buf = c.buffer(8)
+        buf[:] = bytes([idx]) * 8
+        c.put(idx, buf)
+    out = memoryview(bytearray(8))
+    assert c.copy(0, out[:3], 0) and c.copy(0, out[3:8], 3)  # all 8 bytes, in two reads
+    assert bytes(out) == bytes([0]) * 8
+    assert not c.cached(0) and c.nbytes == 16
+    assert c.copy(1, out[:5], 2) and c.cached(1)  # 5 of 8 bytes copied: still cached
+    freed = c._arena.free[-1]
+    assert c.buffer(8) is freed  # block 0's buffer is the next one handed out
+    for _ in range(3):
+        assert c.copy(2, out, 0)
+    assert c.cached(2)  # fetched by a reader itself: kept however often it is read
+    c.claim([3], once=True)
+    c.put(3, b"x" * 8)
+    c.drop([3])
+    assert c._once == {1: 3}  # a dropped block leaves no count behind; block 1 has 3 bytes to go

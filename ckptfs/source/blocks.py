@@ -27,11 +27,12 @@ from ..errors import RemoteError
 
 
 class _Pending:
-    __slots__ = ("event", "error")
+    __slots__ = ("event", "error", "once")
 
-    def __init__(self) -> None:
+    def __init__(self, once: bool) -> None:
         self.event = threading.Event()
         self.error: BaseException | None = None
+        self.once = once
 
 
 Buffer = bytes | bytearray | memoryview
@@ -79,6 +80,7 @@ class BlockCache:
         self._lock = threading.Lock()
         self._data: OrderedDict[int, Buffer] = OrderedDict()
         self._pending: dict[int, _Pending] = {}
+        self._once: dict[int, int] = {}  # blocks read ahead of a sequential reader -> bytes not copied out yet
         self._arena = _Arena(block, -(-self.capacity * 3 // 2 // block))
         self._bytes = 0
 
@@ -108,13 +110,14 @@ class BlockCache:
         with self._lock:
             return idx in self._data
 
-    def claim(self, indices: Iterable[int]) -> list[int]:
-        """Of ``indices``, those neither cached nor pending, now pending and the caller's to fetch."""
+    def claim(self, indices: Iterable[int], once: bool = False) -> list[int]:
+        """Of ``indices``, those neither cached nor pending, now pending and the caller's to fetch. ``once``:
+        fetched ahead of a sequential reader, each is dropped as soon as all its bytes were copied out once."""
         out = []
         with self._lock:
             for idx in indices:
                 if idx not in self._data and idx not in self._pending:
-                    self._pending[idx] = _Pending()
+                    self._pending[idx] = _Pending(once)
                     out.append(idx)
         return out
 
@@ -129,8 +132,13 @@ class BlockCache:
                     self._arena.give(old)
             self._data[idx] = data
             self._bytes += len(data)
+            if pending is not None and pending.once:
+                self._once[idx] = len(data)
+            else:
+                self._once.pop(idx, None)
             while self._bytes > self.capacity and len(self._data) > 1:
-                _, evicted = self._data.popitem(last=False)
+                gone, evicted = self._data.popitem(last=False)
+                self._once.pop(gone, None)
                 self._bytes -= len(evicted)
                 self._arena.give(evicted)
         if pending is not None:
@@ -152,10 +160,14 @@ class BlockCache:
         """Forget cached blocks now (read past by a sequential reader): their memory is reused."""
         with self._lock:
             for idx in indices:
-                data = self._data.pop(idx, None)
-                if data is not None:
-                    self._bytes -= len(data)
-                    self._arena.give(data)
+                self._forget(idx)
+
+    def _forget(self, idx: int) -> None:
+        data = self._data.pop(idx, None)
+        self._once.pop(idx, None)
+        if data is not None:
+            self._bytes -= len(data)
+            self._arena.give(data)
 
     # --- reading -------------------------------------------------------------------------------------------
     def copy(self, idx: int, dest: memoryview, lo: int) -> bool:
@@ -164,8 +176,14 @@ class BlockCache:
             data = self._data.get(idx)
             if data is None:
                 return False
-            self._data.move_to_end(idx)
             dest[:] = memoryview(data)[lo : lo + len(dest)]
+            left = self._once.get(idx)
+            if left is None:
+                self._data.move_to_end(idx)
+            elif left > len(dest):
+                self._once[idx] = left - len(dest)
+            else:  # read ahead and now read: its memory takes the next block fetched
+                self._forget(idx)
             return True
 
     def wait(self, idx: int, timeout: float) -> bool:
@@ -192,6 +210,7 @@ class BlockCache:
         """Forget every block; the arena's memory goes when the last buffer handed out is gone."""
         with self._lock:
             self._data.clear()
+            self._once.clear()
             self._arena = _Arena(self.block, 0)
             self._bytes = 0
 

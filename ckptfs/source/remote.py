@@ -55,7 +55,7 @@ log = logging.getLogger("ckptfs.remote")
 
 BLOCK = 256 << 10  # cache unit: the least a random read fetches
 OPEN_BYTES = 1 << 20  # the first request's range: a torch zip's data.pkl starts at byte ~64
-INITIAL_WINDOW = 1 << 20  # read-ahead of a stream that just turned sequential; doubles from there
+INITIAL_WINDOW = 8 << 20  # read-ahead of a stream that just turned sequential; doubles from there
 MAX_WINDOW = 64 << 20
 PART = 8 << 20  # a window is fetched as parallel requests of at most this many bytes
 DIRECT_MIN = 4 << 20  # reads at least this large go straight into the caller's buffer
@@ -213,8 +213,8 @@ class RemoteSource:
         # RETRY_SOON seconds (the kernel reads a page again at once when its read-ahead failed: EIO after
         # --timeout, not twice that; a server that is back answers within that time)
         self._failed: dict[int, float] = {}
-        max_window = min(MAX_WINDOW, max(INITIAL_WINDOW, options.memory_cache // 3))
-        self._readahead = Readahead(self.size, BLOCK, INITIAL_WINDOW, max_window, PART)
+        max_window = min(MAX_WINDOW, max(BLOCK, options.memory_cache // 3))
+        self._readahead = Readahead(self.size, BLOCK, min(INITIAL_WINDOW, max_window), max_window, PART)
         self._disk: DiskCache | None = None
         if options.cache_dir:
             if info.etag or info.last_modified:
@@ -256,7 +256,7 @@ class RemoteSource:
         ahead, behind = self._readahead.on_read(offset, n)
         need = self._blocks.claim(range(first, last + 1))
         if ahead is not None:
-            self._spawn(self._blocks.claim(range(ahead[0] // BLOCK, -(-ahead[1] // BLOCK))))
+            self._spawn(self._blocks.claim(range(ahead[0] // BLOCK, -(-ahead[1] // BLOCK)), once=True))
         if need:
             self._fetch_parallel(need, deadline)
         pos = 0
