@@ -332,3 +332,30 @@ def test_an_export_that_cannot_fit_is_refused_before_writing(nginx, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"{dst}: needs {n * 4 / 2**30:.2f} GiB but {tmp_path} has " in r.stderr and "GiB free" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_read_that_starts_the_read_ahead_is_the_head_of_its_first_request(nginx):
+    """A sequential reader's second read misses its block and starts the read-ahead: the block and the window
+    after it come in one request. (Fetched apart, the read's own block took a connection of its own: on a fresh
+    mount, one handshake more before the first read returned.)"""
+    from ckptfs.source.remote import BLOCK, open_url
+
+    name = "http-stream.bin"
+    data = os.urandom(24 << 20)
+    (nginx.root / name).write_bytes(data)
+    src = open_url(nginx.url(name))
+    try:
+        since = len(nginx.log())
+        at = 4 << 20
+        for k in range(32):  # 8 MiB read front to back, a block at a time
+            off = at + k * BLOCK
+            assert src.pread(off, BLOCK) == data[off : off + BLOCK]
+        time.sleep(0.3)  # nginx logs a request when it ends: the read-ahead still in flight lands too
+    finally:
+        src.close()
+    spans = [tuple(map(int, e["range"].removeprefix("bytes=").split("-"))) for e in
+             nginx.requests_for("/" + name, since)]
+    assert spans[0] == (at, at + BLOCK - 1), spans  # the first read: a stream not known to be sequential yet
+    head = [s for s in spans if s[0] == at + BLOCK]
+    assert len(head) == 1 and head[0][1] - head[0][0] + 1 > BLOCK, spans  # the second read's block leads
+    assert len(spans) == len(set(spans)) and sum(b - a + 1 for a, b in spans) <= 24 << 20  # nothing twice

@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol, TypeVar
@@ -256,7 +256,14 @@ class RemoteSource:
         ahead, behind = self._readahead.on_read(offset, n)
         need = self._blocks.claim(range(first, last + 1))
         if ahead is not None:
-            self._spawn(self._blocks.claim(range(ahead[0] // BLOCK, -(-ahead[1] // BLOCK)), once=True))
+            more = self._blocks.claim(range(ahead[0] // BLOCK, -(-ahead[1] // BLOCK)), once=True)
+            if need and more and more[0] == need[-1] + 1 == need[0] + len(need):
+                # the read's missing blocks lead the read-ahead's first request: one request on the one idle
+                # connection, not two (the second on a new connection: a handshake more before the read returns)
+                self._spawn(need + more, lead=True)
+                need = []
+            else:
+                self._spawn(more)
         if need:
             self._fetch_parallel(need, deadline)
         pos = 0
@@ -451,13 +458,15 @@ class RemoteSource:
         """Fetch claimed blocks now, their runs split in parts fetched concurrently; raises the first error."""
         _parallel([partial(self._fetch, p, deadline) for p in self._parts(idxs)], self.options.max_concurrency)
 
-    def _spawn(self, idxs: list[int]) -> None:
-        """Fetch claimed blocks in the background (read-ahead), at most ``max_concurrency`` requests at once."""
-        for part in self._parts(idxs):
-            threading.Thread(target=self._background, args=(part,), name="ckptfs-readahead", daemon=True).start()
+    def _spawn(self, idxs: list[int], lead: bool = False) -> None:
+        """Fetch claimed blocks in the background (read-ahead), at most ``max_concurrency`` requests at once.
+        ``lead``: a reader waits for the first part, which starts at once (it takes no slot)."""
+        for i, part in enumerate(self._parts(idxs)):
+            threading.Thread(target=self._background, args=(part, not (lead and i == 0)), name="ckptfs-readahead",
+                             daemon=True).start()
 
-    def _background(self, part: list[int]) -> None:
-        with self._slots:
+    def _background(self, part: list[int], slot: bool = True) -> None:
+        with self._slots if slot else nullcontext():
             if self._closed or self._stale is not None:
                 self._blocks.fail(part, RemoteError("source closed"))
                 return
