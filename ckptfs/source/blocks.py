@@ -12,7 +12,9 @@ pages (``MADV_HUGEPAGE``) and never zeroed by hand: filling 100 MiB of new block
 the development VM. An evicted or ``drop``ped block's buffer is handed out again by ``buffer()``, the last freed
 first, so what stays resident is the most a mount held at once; a sequential reader that drops what it has read
 (drop-behind) fetches into the same memory over and over. So that a buffer is never rewritten while a reader
-copies from it, bytes leave the cache only by ``copy``, under the cache's lock.
+copies from it, bytes leave the cache only by ``copy``, under the cache's lock. A block claimed ``once`` (read
+ahead of a sequential reader, whose bytes a mount's page cache then holds) leaves it as soon as all its bytes
+have been copied out, and its buffer takes the next block fetched.
 """
 
 from __future__ import annotations
