@@ -139,10 +139,7 @@ class BlockCache:
             else:
                 self._once.pop(idx, None)
             while self._bytes > self.capacity and len(self._data) > 1:
-                gone, evicted = self._data.popitem(last=False)
-                self._once.pop(gone, None)
-                self._bytes -= len(evicted)
-                self._arena.give(evicted)
+                self._forget(next(iter(self._data)))  # the least recently used
         if pending is not None:
             pending.event.set()
 
