@@ -594,6 +594,8 @@ SOLE_HOLDERS = _sole_holders()
 
 
 def _natural_keys(prefix: str, names: Iterable[object]) -> set[str]:
+    """The keys ``names`` get under ``prefix``: the expression ``expand`` writes inline for each row (as a call
+    it cost 0.03 s more per million rows); the two must stay the same."""
     return {prefix + (n if type(n) is str else component(n)) for n in names}
 
 
