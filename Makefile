@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 APT_PACKAGES := fuse3 libfuse2 libfuse3-3 nginx-light openssl rclone attr systemd
 
-.PHONY: help setup system-deps venv test test-quick demo bench bench-quick fuzz lint clean
+.PHONY: help setup system-deps venv test test-quick demo bench bench-quick fuzz fuzz-c lint clean
 
 help:
 	@echo "make demo   - set up, make an example checkpoint, mount it, ls/du/memmap, unmount"
@@ -13,6 +13,7 @@ help:
 	@echo "make test-quick - the suite without tests marked slow (pytest -m 'not slow'): under 3 minutes"
 	@echo "make bench  - benchmarks against torch.load, zipslicer, safetensors, ratarmount -> docs/benchmarks.md"
 	@echo "make fuzz   - a long fuzzing run over mutated checkpoints"
+	@echo "make fuzz-c - the C scanner (ckptfs/model/_tablescan.c) under ASan/UBSan, on a million mutated pickles"
 	@echo "make lint   - ruff, mypy and the import-linter layer contracts (docs/architecture.md)"
 
 # System packages: FUSE 3 (and 2, for peers that need it); nginx and openssl for the remote tests (HTTP, HTTPS);
@@ -26,7 +27,8 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+# (setup.py and the C source too: pip install builds the C scanner, ckptfs/model/_tablescan.c)
+$(VENV)/.installed: setup.cfg pyproject.toml setup.py ckptfs/model/_tablescan.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test,bench]'
@@ -55,10 +57,13 @@ bench-quick: setup
 fuzz: setup
 	CKPTFS_FUZZ_EXAMPLES=$${CKPTFS_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
 
+fuzz-c: setup
+	$(PY) scripts/fuzz_tablescan.py --n $${CKPTFS_FUZZ_EXAMPLES:-1000000}
+
 lint: setup
 	$(VENV)/bin/ruff check ckptfs
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis ckptfs/model/_tablescan*.so

@@ -59,19 +59,20 @@ def open(path: str | os.PathLike[str] | ByteSource, *, strict: bool = False,  # 
 
 
 def load(path: str | os.PathLike[str], map_location: Any = "cpu", dtype: Any = None, cache_tensors: bool = False,
-         debug: bool = False, *, strict: bool = False, mmap: bool = True,
+         debug: bool = False, *, strict: bool = False, mmap: bool = True, limits: Limits = DEFAULT_LIMITS,
          storage_options: Mapping[str, object] | None = None, remote: RemoteOptions | None = None) -> Any:
     """A lazy state_dict (drop-in for ``zipslicer.load``): a Mapping whose tensors are made on access.
 
     With ``mmap=True`` (default) tensors stored uncompressed are copy-on-write views of the file, so
     ``model.load_state_dict(ckptfs.load(p))`` copies from the page cache with no second copy in memory.
     A URL works as in :func:`open` (its tensors are read by range when accessed). Imports torch. Non-dict
-    checkpoints are returned materialised.
+    checkpoints are returned materialised. ``limits`` as for :func:`open` (a checkpoint over a default limit
+    needs them raised).
     """
     from .api.load import load as _load
 
     return _load(path, map_location=map_location, dtype=dtype, cache_tensors=cache_tensors, debug=debug,
-                 strict=strict, mmap=mmap, storage_options=storage_options, remote=remote)
+                 strict=strict, mmap=mmap, limits=limits, storage_options=storage_options, remote=remote)
 
 
 def export(src: str | os.PathLike[str] | ByteSource | Checkpoint, dst: str | os.PathLike[str], **kwargs: Any) -> Any:

@@ -143,8 +143,7 @@ class Checkpoint:
 
     # --- metadata --------------------------------------------------------------------------------------
     def meta(self, key: Key) -> Meta:
-        catalog = self.catalog
-        return catalog.meta(catalog.row(key))
+        return self.catalog.meta_of(key)
 
     def info(self) -> dict[str, Any]:
         """Format facts and totals (what ``ckptfs info`` prints)."""

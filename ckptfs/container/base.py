@@ -12,8 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from ..limits import Limits
 from ..pickle.nodes import StorageRef
 from ..source import ByteSource
+
+
+class GraphDigest(Protocol):
+    """What the index above makes of an object graph, offered to the container that builds it: a compact form
+    (the columns of a plain state_dict) that stands in for the graph when the graph is of that form.
+
+    ``of_graph`` runs on the unpickled root where it is unpickled (the probe's child) and returns bytes to
+    send back, or None; ``of_pickle`` reads the form straight from a pickle's bytes, without unpickling,
+    and returns it, or None when the pickle is not plainly of that form (then the pickle is unpickled)."""
+
+    def of_graph(self, obj: object) -> bytes | None: ...
+
+    def of_pickle(self, data: bytes, key_prefix: str | None, limits: Limits) -> object | None: ...
 
 
 @dataclass
@@ -27,8 +41,9 @@ class ObjectGraph:
     root: list[object]
     record: str
     unknown_globals: dict[str, int] = field(default_factory=dict)
-    #: instead of ``root``: what ``object_graph(digest=...)``'s digest made of the graph where it was unpickled
-    digest: bytes | None = None
+    #: instead of ``root``: what ``object_graph(digest=...)``'s digest made of the graph (the bytes ``of_graph``
+    #: sent from where it was unpickled, or what ``of_pickle`` read from the pickle)
+    digest: object | None = None
 
     def take(self) -> object:
         return self.root.pop()
@@ -55,12 +70,12 @@ class Container(Protocol):
         """Format facts for `ckptfs info` (root, records, versions ...); may be gathered on first use."""
         ...
 
-    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: GraphDigest | None = None) -> ObjectGraph:
         """The root object, as inert data (raises a CkptfsError naming the record on failure).
 
-        ``digest`` (optional to honour): a function of the root object run where the pickle is unpickled (the
-        probe's child); when it returns bytes, the graph comes back as those bytes (``ObjectGraph.digest``)
-        instead of objects."""
+        ``digest`` (optional to honour, :class:`GraphDigest`): when it recognises the graph, from the pickle's
+        bytes or where the pickle is unpickled (the probe's child), the graph comes back as what it made of
+        it (``ObjectGraph.digest``) instead of objects."""
         ...
 
     def pickles(self) -> Sequence[bytes]:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import CkptfsError, FormatError, LimitError, TensorError, UnsafePickleError, brief
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import StorageRef, StorageViewRef
 from ..pickle.unpickler import SafeUnpickler, unpickle
 from ..source import ByteSource, SubRange
-from .base import Attachment, ObjectGraph
+from .base import Attachment, GraphDigest, ObjectGraph
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -144,7 +144,7 @@ class LegacyStream:
         return stream.tell(), info
 
     # --- the object pickle -----------------------------------------------------------------------------
-    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: GraphDigest | None = None) -> ObjectGraph:
         """The object pickle, read as a stream (its end is found by unpickling it: see the module doc)."""
         self._main = _stream(self.source, self.main_start, self.limits.max_pickle_bytes, "the legacy object pickle")
         # (no digest: the stream's storages are located from the graph's references, bind())

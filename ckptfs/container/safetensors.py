@@ -16,14 +16,14 @@ container.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..dtypes import DTYPES, DType
 from ..errors import FormatError, LimitError, TensorError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import StorageRef, TensorNode, contiguous_strides
 from ..source import ByteSource, SubRange, read_exact
-from .base import Attachment, ObjectGraph
+from .base import Attachment, GraphDigest, ObjectGraph
 
 #: The library's bound on N (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER = 100_000_000
@@ -201,7 +201,7 @@ class SafetensorsFile:
                              "data: truncated)")
 
     # --- the object graph ---------------------------------------------------------------------------
-    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: GraphDigest | None = None) -> ObjectGraph:
         # (``digest`` is for pickles unpickled in the probe's child: there is none here)
         root = {name: self._node(e) for name, e in self.entries.items()}
         return ObjectGraph([root], "header")

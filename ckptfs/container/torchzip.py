@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import FormatError, LimitError, TensorError, UnsupportedError
 from ..limits import DEFAULT_LIMITS, Limits
 from ..pickle.nodes import StorageRef
 from ..pickle.unpickler import unpickle
 from ..source import ByteSource
-from .base import Attachment, ObjectGraph
+from .base import Attachment, GraphDigest, ObjectGraph
 from .zip import DEFLATED, STORED, ZipArchive, ZipRecord
 
 INFO_RECORDS = (".format_version", ".storage_alignment", "version", ".data/version", ".data/serialization_id")
@@ -91,14 +91,18 @@ class TorchZip:
         except TensorError as e:
             raise self._fail(e.reason, record=self.archive.root + rec.name) from None
 
-    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None,
+    def object_graph(self, strict: bool, digest: GraphDigest | None = None,
                      key_prefix: str | None = None) -> ObjectGraph:
         """``key_prefix`` goes before every storage key of the graph (several archives indexed as one)."""
         record = self.archive.root + self.pickle_record.name
         data = self._pickle if self._pickle is not None else self.pickle_bytes()
         self._pickle = None  # (read in advance by pickles(): not kept once unpickled)
+        if digest is not None:
+            found = digest.of_pickle(data, key_prefix, self.limits)
+            if found is not None:  # recognised without unpickling (no global outside the allowlist was named)
+                return ObjectGraph([], record, {}, found)
         obj, up, summary = unpickle(data, strict=strict, limits=self.limits, file=self.source.name, record=record,
-                                    key_prefix=key_prefix, digest=digest)
+                                    key_prefix=key_prefix, digest=None if digest is None else digest.of_graph)
         graph = ObjectGraph([obj], record, dict(up.unknown_globals), summary)
         del obj, up  # the unpickler's memo would keep every unpickled object alive
         return graph

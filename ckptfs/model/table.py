@@ -5,14 +5,17 @@ those, the index does not need a Python object per tensor: a :class:`TensorTable
 offset, shape and stride ids, requires_grad) and the keys; a ``TensorNode`` is made only when a tensor is
 looked at (:class:`ckptfs.model.index.NodeColumn`).
 
-The table is made where the pickle is unpickled. With the unpickling probe (the default) that is the
-forked child: it unpickles, recognises the plain form, and sends the columns back (:func:`encode`), so this
-process never builds the pickle's object graph at all. Anything not plainly of that form — another root
-type, a key that is not a str, a value that is not a plain tensor or a simple value, tensor metadata, a
-storage referenced with two dtypes — is declined and indexed by the general path.
+The table is read straight from the pickle's bytes when it can be (:func:`scan`: a small pickle machine in
+C, ``_tablescan.c``, that knows only what such a state_dict is made of, and declines anything else); else it
+is made where the pickle is unpickled. With the unpickling probe (the default) that is the forked child: it
+unpickles, recognises the plain form, and sends the columns back (:func:`encode`), so this process never
+builds the pickle's object graph at all. Anything not plainly of that form — another root type, a key that
+is not a str, a value that is not a plain tensor or a simple value, tensor metadata, a storage referenced
+with two dtypes — is declined and indexed by the general path.
 
 Every tensor accepted here is exactly what :meth:`Converter.v2`'s fast path makes of it (tested on every
-fixture, and with arbitrary arguments).
+fixture, and with arbitrary arguments); what :func:`scan` accepts, :func:`tabulate` accepts too, with the
+same columns (tested on every fixture and on mutated pickles).
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..dtypes import UINT8, DType
-from ..pickle.allowlist import TENSOR_CALLS
+from ..limits import Limits
+from ..pickle.allowlist import ALLOWED, TENSOR_CALLS
 from ..pickle.nodes import PersistentId, PickledOrderedDict, StorageOwner, StorageRef, StorageType, TensorNode
 from .convert.common import MAX_DIMS
+
+try:
+    from . import _tablescan
+except ImportError:  # built without a C compiler: the unpickling path does it all
+    _tablescan = None  # type: ignore[assignment]
 
 V2_CALL = TENSOR_CALLS[("torch._utils", "_rebuild_tensor_v2")]
 FORMAT = 1
@@ -48,7 +57,7 @@ class TensorTable:
 
     keys: list[str]
     ordered: bool  # the root was an OrderedDict
-    root_state: object  # its BUILD state (plain data), if any
+    root_state: object  # its BUILD state (plain data: dicts, lists, tuples, OrderedDicts, leaves), if any
     leaves: dict[int, object]  # row -> value, for rows that are not tensors
     tensor_of: array[int] | None  # row -> tensor number (None: every row is a tensor, row i is tensor i)
     storage: array[int]  # tensor -> storage number
@@ -70,6 +79,16 @@ class TensorTable:
     @property
     def n_tensors(self) -> int:
         return len(self.storage)
+
+    def plain(self) -> dict[str, object]:
+        """The columns as plain data (arrays as lists, storage keys as text): what two tables made by different
+        paths (scan, tabulate, decode) are compared by."""
+        out = {k: v for k, v in vars(self).items() if k not in ("owner", "_types", "_refs")}
+        for k, v in out.items():
+            if isinstance(v, array):
+                out[k] = v.tolist()
+        out["st_keys"] = [str(k) for k in self.st_keys]
+        return out
 
     def storage_types(self) -> list[StorageType]:
         """The storage classes by number (looked up once)."""
@@ -204,7 +223,8 @@ def tabulate(obj: object) -> TensorTable:
         raise Declined("too large") from None
     root_state = None
     if t is PickledOrderedDict:
-        root_state = _plain(d.state, 0)  # type: ignore[attr-defined]
+        root_state = d.state  # type: ignore[attr-defined]
+        _plain(root_state, 0)  # (plain data only)
     return TensorTable(
         keys=keys, ordered=t is PickledOrderedDict, root_state=root_state, leaves=leaves,
         tensor_of=None if not leaves else array("l", _tensor_numbers(is_tensor)),
@@ -268,6 +288,77 @@ def _unplain(v: Any) -> object:
     return items if tag == "l" else tuple(items)
 
 
+# --- read from the pickle's bytes (C) ----------------------------------------------------------------------
+
+#: The scan's memory: at most this many bytes per byte of pickle (a million tensors took 4.6), plus a floor.
+SCAN_BYTES_PER_PICKLE_BYTE = 32
+_SCAN_FLOOR = 16 << 20
+#: The scan's first arena (tuple items; collected when full, grown when half stays full). Tests make it tiny, so
+#: that its collector runs all the time.
+SCAN_ARENA = 1 << 14
+_scan_tables: list[tuple[dict[bytes, int], list[int], list[StorageType]]] = []
+
+
+def _globals() -> tuple[dict[bytes, int], list[int], list[StorageType]]:
+    """What the scan may name: ``b"module\\nname"`` -> -1 (OrderedDict), -2 (_rebuild_tensor_v2) or a storage
+    class's number; each storage class's dtype as a number (equal dtypes, equal numbers); the classes."""
+    if not _scan_tables:
+        codes: dict[bytes, int] = {b"collections\nOrderedDict": -1, b"torch._utils\n_rebuild_tensor_v2": -2}
+        stypes: list[StorageType] = []
+        dtype_numbers: dict[DType | None, int] = {}
+        for (mod, name), found in ALLOWED.items():
+            if isinstance(found, StorageType):
+                codes[f"{mod}\n{name}".encode()] = len(stypes)
+                stypes.append(found)
+        dtype_of = [dtype_numbers.setdefault(st.dtype, len(dtype_numbers)) for st in stypes]
+        _scan_tables.append((codes, dtype_of, stypes))
+    return _scan_tables[0]
+
+
+def scan(data: bytes, key_prefix: str | None = None, limits: Limits | None = None) -> TensorTable | None:
+    """The table of a plain flat state_dict read straight from its pickle, without unpickling it (C); None when
+    the pickle is not plainly of that form or ckptfs was built without its C extension. ``key_prefix`` goes
+    before every storage key, as the unpickler's ``key_prefix`` does."""
+    if _tablescan is None:
+        return None
+    codes, dtype_of, stypes = _globals()
+    budget = SCAN_BYTES_PER_PICKLE_BYTE * len(data) + _SCAN_FLOOR
+    if limits is not None:
+        budget = min(budget, limits.max_memory)
+    prefix = None if key_prefix is None else key_prefix.encode("utf-8", "surrogatepass")
+    found = _tablescan.scan(data, codes, dtype_of, budget, min(MAX_DIMS, 254), prefix, PickledOrderedDict, SCAN_ARENA)
+    if found is None:
+        return None
+    (keys, ordered, root_state, leaves, tensor_of, storage, offset, shape, stride, requires_grad, shapes, st_keys,
+     st_numel, st_type, st_location, type_codes, locations) = found
+    return TensorTable(
+        keys=keys, ordered=ordered, root_state=root_state, leaves=dict(leaves),
+        tensor_of=None if tensor_of is None else _longs(tensor_of), storage=_longs(storage),
+        offset=_array("q", offset), shape=_longs(shape), stride=_longs(stride), requires_grad=requires_grad,
+        shapes=shapes, st_keys=_array("q", st_keys) if isinstance(st_keys, bytes) else st_keys,
+        st_numel=_array("q", st_numel), st_type=_array("H", st_type), st_location=_array("H", st_location),
+        stypes=[stypes[c].qualname for c in type_codes], locations=locations)
+
+
+def _longs(data: bytes) -> array[int]:
+    """array("l") of the scan's int64s ("l" is 8 bytes on LP64 Linux; converted where it is not)."""
+    return _array("l", data) if array("l").itemsize == 8 else array("l", _array("q", data))
+
+
+class TableDigest:
+    """The plain form as a :class:`~ckptfs.container.base.GraphDigest`: read from a pickle's bytes
+    (:func:`scan`), or made of the unpickled graph where it is unpickled (:func:`digest`)."""
+
+    def of_graph(self, obj: object) -> bytes | None:
+        return digest(obj)
+
+    def of_pickle(self, data: bytes, key_prefix: str | None, limits: Limits) -> TensorTable | None:
+        return scan(data, key_prefix, limits)
+
+
+DIGEST = TableDigest()
+
+
 # --- the wire format between the child and this process -----------------------------------------------------
 
 
@@ -287,7 +378,7 @@ def encode(t: TensorTable) -> bytes:
     out: list[bytes] = []
     _pack({
         "format": FORMAT, "n": len(t.keys), "keys": keys, "ordered": t.ordered,
-        "root_state": None if t.root_state is None else t.root_state,
+        "root_state": None if t.root_state is None else _plain(t.root_state, 0),
         "leaves": [(r, v) for r, v in t.leaves.items()],
         "tensor_of": None if t.tensor_of is None else t.tensor_of.tobytes(),
         "storage": t.storage.tobytes(), "offset": t.offset.tobytes(), "shape": t.shape.tobytes(),

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...errors import CkptfsError, FormatError, LimitError, TensorError
 from ...limits import DEFAULT_LIMITS, Limits
@@ -28,7 +28,7 @@ from ...pickle.allowlist import opaque_call
 from ...pickle.nodes import StorageRef, TensorNode, contiguous_strides
 from ...pickle.unpickler import probed_together
 from ...source import ByteSource, Directory, SubRange
-from ..base import Attachment, ObjectGraph
+from ..base import Attachment, GraphDigest, ObjectGraph
 from ..torchzip import TorchZip
 from .chunks import ChunkData, ChunkedTensor, check_tiling
 from .items import item_source, item_tensor
@@ -175,7 +175,7 @@ class DcpCheckpoint:
         return None
 
     # --- the object graph ---------------------------------------------------------------------------
-    def object_graph(self, strict: bool, digest: Callable[[object], bytes | None] | None = None) -> ObjectGraph:
+    def object_graph(self, strict: bool, digest: GraphDigest | None = None) -> ObjectGraph:
         # (``digest`` is for pickles unpickled in the probe's child: there is none here)
         datas = self._metadata or [None] * len(self.sources)  # type: ignore[list-item]
         self._metadata = None
