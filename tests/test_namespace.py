@@ -221,3 +221,20 @@ def test_a_flat_dict_s_names_are_piece_names(keys):
     tree = build_tree(parents, names, types, range(len(parents)))
     got = {tree.names[tree.rows[r]] for r in range(1, len(parents))}
     assert got == {piece_name(k) for k in keys}
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.text(alphabet=string.ascii_letters + string.digits + "_-+ ~", min_size=1, max_size=12),
+                     min_size=1, max_size=30, unique=True), data=st.data())
+def test_a_flat_plain_tree_is_made_in_bulk_as_row_by_row(keys, data, monkeypatch):
+    """build_tree lays out a flat state_dict of plain keys a column at a time (_flat_tree); every column equals
+    what the row-by-row loop makes of the same index."""
+    types = [DIR] + data.draw(st.lists(st.sampled_from([FILE, LINK]), min_size=len(keys), max_size=len(keys)))
+    parents, names = [-1] + [0] * len(keys), [None, *keys]
+    assert ns._flat_and_plain(parents, names, types, range(len(parents)))
+    bulk = build_tree(parents, names, types, range(len(parents)))
+    with monkeypatch.context() as m:
+        m.setattr(ns, "_flat_and_plain", lambda *a: False)
+        rows = build_tree(parents, names, types, range(len(parents)))
+    for column in ("names", "parents", "types", "rows", "entries", "row_node", "renamed"):
+        assert getattr(bulk, column) == getattr(rows, column), column

@@ -79,6 +79,21 @@ def test_table_index_answers_as_the_general_path(tmp_path, monkeypatch, name, ho
     assert meta == getattr(ref, "_metadata", None)
 
 
+def test_total_bytes_without_a_node_per_tensor(tmp_path):
+    """statfs of a mount (TreeView.total_bytes) sums the tensors' bytes from the table's columns: the same
+    total as torch's tensors, and no TensorNode is made."""
+    for name, obj in _state_dicts().items():
+        p = tmp_path / f"{name}.pth"
+        torch.save(obj, p)
+        ref = torch.load(p, weights_only=True)
+        want = sum(v.nelement() * v.element_size() for v in ref.values() if isinstance(v, torch.Tensor))
+        with ckptfs.open(p) as ck:
+            nodes = ck.index.nodes
+            assert type(nodes) is NodeColumn
+            assert nodes.table.total_nbytes() == want, name
+            assert all(list.__getitem__(nodes, i) is PENDING for i in ck.index.tensors())
+
+
 def test_nodes_are_made_when_looked_at_and_kept(tmp_path):
     p = tmp_path / "m.pth"
     torch.save({f"w{i}": torch.ones(i + 1) for i in range(100)}, p)

@@ -92,6 +92,17 @@ def _index_of(graph: ObjectGraph, container: Container, converter: Converter, li
     return Index.from_table(found, limits=limits)
 
 
+def _root_of(graph: ObjectGraph, container: Container) -> object:
+    """A member's root object for an index of several files: the graph, or the graph its columns stand for."""
+    found = graph.digest
+    if isinstance(found, bytes):
+        found = table.decode(found)
+    if isinstance(found, table.TensorTable):
+        found.owner = container
+        return table.graph_of(found)
+    return graph.take()
+
+
 class Catalog:
     """Members and the index of their merged key space."""
 
@@ -188,14 +199,15 @@ class Catalog:
             members: list[Member] = []
             roots: list[tuple[str, object, Converter]] = []
             kept: dict[int, int] = {}  # opener number -> member number
-            with gc_paused(), probed_together(pickles, limits):
+            digest = table.TableDigest()  # plain state_dicts are read from their bytes; the rest probed together
+            with gc_paused(), probed_together(digest.read_ahead(pickles, limits), limits):
                 for i, ((member_name, _), container) in enumerate(zip(openers, containers, strict=False)):
                     if container is None:
                         continue
                     source = container.source
                     member = Member(member_name, source, container, Converter(limits, owner=container), {})
                     try:
-                        graph = container.object_graph(strict)
+                        graph = container.object_graph(strict, digest=digest)
                     except CkptfsError as e:
                         e.at(file=source.name)
                         if not tolerant:
@@ -207,7 +219,7 @@ class Catalog:
                     member.unknown_globals = graph.unknown_globals
                     kept[i] = len(members)
                     members.append(member)
-                    roots.append((member_name, graph.take(), member.converter))
+                    roots.append((member_name, _root_of(graph, container), member.converter))
                     del graph
                 if not members:
                     first = failed[min(failed)]

@@ -80,6 +80,24 @@ class TensorTable:
     def n_tensors(self) -> int:
         return len(self.storage)
 
+    def total_nbytes(self) -> int:
+        """The sum of the tensors' ``tensors.nbytes`` (numel x itemsize: every tensor here is dense), without a
+        node per tensor: counted per (shape, storage class), exactly (Python ints)."""
+        if not self.n_tensors:
+            return 0
+        types = self.storage_types()
+        itemsize = [(st.dtype or UINT8).itemsize for st in types]
+        combo = (np.asarray(self.shape, dtype=np.int64) * len(types)
+                 + np.asarray(self.st_type, dtype=np.int64)[np.asarray(self.storage, dtype=np.int64)])
+        found, counts = np.unique(combo, return_counts=True)
+        total = 0
+        for k, c in zip(found.tolist(), counts.tolist(), strict=True):
+            size = 1
+            for d in self.shapes[k // len(types)]:
+                size *= d
+            total += c * size * itemsize[k % len(types)]
+        return total
+
     def plain(self) -> dict[str, object]:
         """The columns as plain data (arrays as lists, storage keys as text): what two tables made by different
         paths (scan, tabulate, decode) are compared by."""
@@ -347,16 +365,48 @@ def _longs(data: bytes) -> array[int]:
 
 class TableDigest:
     """The plain form as a :class:`~ckptfs.container.base.GraphDigest`: read from a pickle's bytes
-    (:func:`scan`), or made of the unpickled graph where it is unpickled (:func:`digest`)."""
+    (:func:`scan`), or made of the unpickled graph where it is unpickled (:func:`digest`).
+
+    ``read_ahead`` scans pickles before their containers ask (a catalog of several files probes the pickles the
+    scan declines together, in one fork): ``of_pickle`` then hands back what was read, once."""
+
+    def __init__(self) -> None:
+        self._read: dict[int, tuple[bytes, TensorTable | None]] = {}
+
+    def read_ahead(self, datas: Iterable[bytes], limits: Limits) -> list[bytes]:
+        """Scan ``datas`` now; the ones that are not plainly state_dicts (for the probe)."""
+        declined = []
+        for data in datas:
+            found = scan(data, None, limits)
+            self._read[id(data)] = (data, found)
+            if found is None:
+                declined.append(data)
+        return declined
 
     def of_graph(self, obj: object) -> bytes | None:
         return digest(obj)
 
     def of_pickle(self, data: bytes, key_prefix: str | None, limits: Limits) -> TensorTable | None:
+        known = self._read.pop(id(data), None) if key_prefix is None else None
+        if known is not None and known[0] is data:
+            return known[1]
         return scan(data, key_prefix, limits)
 
 
 DIGEST = TableDigest()
+
+
+def graph_of(t: TensorTable) -> dict[object, object]:
+    """The object graph a table stands for, with the nodes of its tensors (for indexes built from graphs: a
+    catalog of several files). An OrderedDict keeps its state."""
+    root: dict[object, object] = PickledOrderedDict() if t.ordered else {}
+    if t.ordered:
+        root.state = t.root_state  # type: ignore[attr-defined]
+    tensor_of, leaves = t.tensor_of, t.leaves
+    for r, key in enumerate(t.keys):
+        n = r if tensor_of is None else tensor_of[r]
+        dict.__setitem__(root, key, t.node(n) if n >= 0 else leaves[r])
+    return root
 
 
 # --- the wire format between the child and this process -----------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import gc
 import json
 import logging
 import logging.handlers
@@ -385,6 +386,9 @@ def _daemonize(run: Any, mnt: str, remote: bool) -> None:
         from ..source.remote import handing_over
 
         handover = handing_over()  # the daemon takes over the connections the indexing opened
+    # the index's objects go to the collector's permanent generation first: the daemon never walks them
+    # (a walk writes to every object: with a million keys, seconds of copy-on-write faults before the mount answered)
+    gc.freeze()
     with handover:
         pid = os.fork()
     if pid == 0:  # the daemon: no thread has been started in this process

@@ -305,6 +305,8 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
     """Lay an index out as a tree. ``types[r]`` is DIR (a container), FILE or LINK for each row; rows come
     in ``order`` (checkpoint order, parents before children; row 0 is the root object)."""
     tree = Tree(len(parents))
+    if _flat_and_plain(parents, names, types, order):
+        return _flat_tree(tree, names, types)
     row_dir = tree.row_node  # a container row's directory node
     cache: dict[object, str] = {}  # str piece / int -> name
     prefix_dirs: dict[tuple[int, str], int] = {}  # (directory, dotted prefix) -> directory
@@ -335,7 +337,10 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
             continue
         d = row_dir[parents[r]]
         key = names[r]
-        if type(key) is str and "." in key:
+        if type(key) is str and "." not in key and key and len(key) <= LONG_NAME and key.isascii() \
+                and key.isprintable() and "%" not in key and "/" not in key:
+            nm = key  # name_of's first answer, inline: this loop runs once per key
+        elif type(key) is str and "." in key:
             head, _, last = key.rpartition(".")
             dd = prefix_dirs.get((d, head))
             if dd is None:
@@ -368,4 +373,33 @@ def build_tree(parents: Sequence[int], names: Sequence[object], types: Sequence[
             entries[node] = {}
         children[nm] = node
         row_dir[r] = node
+    return tree
+
+
+def _flat_and_plain(parents: Sequence[int], names: Sequence[object], types: Sequence[int], order: Iterable[int]) -> bool:
+    """Every row but the root is a file directly under it, named by a key that is its own name (a flat
+    state_dict with plain keys: names are unique, and no name can be a sidecar's or the reserved directory's,
+    which hold a '.'). Checked with a few passes in C over all the keys at once."""
+    n = len(parents)
+    if n < 2 or not isinstance(order, range) or order != range(n) or types[0] != DIR \
+            or parents.count(0) != n - 1 or DIR in types[1:]:
+        return False
+    keys = names[1:]
+    if set(map(type, keys)) != {str}:
+        return False
+    text = "".join(keys)  # type: ignore[arg-type]
+    return (text.isascii() and text.isprintable() and "." not in text and "%" not in text and "/" not in text
+            and min(map(len, keys)) > 0 and max(map(len, keys)) <= LONG_NAME)  # type: ignore[arg-type]
+
+
+def _flat_tree(tree: Tree, names: Sequence[object], types: Sequence[int]) -> Tree:
+    """build_tree's result for a flat, plain index (_flat_and_plain), made a column at a time."""
+    n = len(names)
+    keys: list[str] = list(names[1:])  # type: ignore[arg-type]
+    tree.names += keys
+    tree.parents += [0] * (n - 1)
+    tree.types += types[1:]
+    tree.rows = list(range(n))  # node k is row k (the root directory is row 0's, as build_tree makes it)
+    tree.entries[0] = dict(zip(keys, range(1, n), strict=True))
+    tree.row_node[:] = range(n)
     return tree

@@ -35,7 +35,7 @@ from ..dtypes import DTYPES, numpy_dtype
 from ..errors import CkptfsError, RemoteError, StaleSourceError, UnsupportedError
 from ..model.catalog import Catalog
 from ..model.extents import Content, ContentHandle, source_range
-from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR
+from ..model.index import COMPOSITE, CONTAINERS, LEAF, LINK, OPAQUE, TENSOR, NodeColumn
 from ..model.meta import Meta, _jsonable
 from ..model.reader import TensorData
 from ..model.tensors import NO_DATA_KINDS, nbytes
@@ -214,7 +214,10 @@ class TreeView:
         """Bytes of tensor data (for statfs)."""
         if self._total is None:
             nodes = self.index.nodes
-            self._total = sum(nbytes(cast(TensorNode, nodes[r])) for r in self.index.tensors())  # tensor rows
+            if type(nodes) is NodeColumn:  # a flat state_dict's columns: no node made per tensor
+                self._total = nodes.table.total_nbytes()
+            else:
+                self._total = sum(nbytes(cast(TensorNode, nodes[r])) for r in self.index.tensors())  # tensor rows
         return self._total
 
     # --- content ------------------------------------------------------------------------------------
