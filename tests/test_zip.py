@@ -197,8 +197,8 @@ def test_other_formats_are_named(data, said):
     assert said in str(e.value)
 
 
-# zip64 extras: the directory reads them a column at a time when the zip64 record comes first in an entry's extra
-# field (torch's writer); other layouts row by row. Expected values from Python's zipfile.
+# zip64 extras: the directory reads them all at once when every entry needs the same values and its extra field
+# starts with the zip64 record (torch's writer); other layouts row by row. Expected values from Python's zipfile.
 
 _combos = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.sampled_from(["first", "after", "short", "longer"]))
 

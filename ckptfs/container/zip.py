@@ -692,31 +692,26 @@ class ZipArchive:
     @staticmethod
     def _zip64_columns(buf: np.ndarray, big: np.ndarray, extra_at: np.ndarray, xlen: np.ndarray, size: np.ndarray,
                        csize: np.ndarray, hoff: np.ndarray) -> np.ndarray:
-        """The zip64 sizes and offsets of entries ``big`` whose extra field starts with a zip64 record long enough
-        for the values it must hold (what torch writes: a 100 GB checkpoint's every entry), read a column at a
-        time into ``size``, ``csize``, ``hoff``; the entries left (another record first, too short) are
-        returned for :meth:`_zip64_extra`, which says what is wrong with them."""
-        at = extra_at[big]
-        need_s, need_c, need_h = ((column[big] == U32).astype(np.int64) for column in (size, csize, hoff))  # 0/1
-        need = need_s + need_c + need_h
-        n = len(buf)
-        head = np.where(at + 4 <= n, at, 0)  # (out of range: read anything, refused below)
-        tag = buf[head].astype(np.int64) | buf[head + 1].astype(np.int64) << 8
-        ln = buf[np.minimum(head + 2, n - 1)].astype(np.int64) | buf[np.minimum(head + 3, n - 1)].astype(np.int64) << 8
-        ok = (at + 4 <= n) & (xlen[big] >= 4) & (tag == ZIP64_EXTRA_ID) & (ln + 4 <= xlen[big]) & (ln >= 8 * need)
-        rows, at, need_s, need_c, need_h = big[ok], at[ok] + 4, need_s[ok], need_c[ok], need_h[ok]
-        found = []
-        for column, wanted, skip in ((size, need_s, 0), (csize, need_c, need_s), (hoff, need_h, need_s + need_c)):
-            pos = at + 8 * skip  # (the values present come in this order: size, compressed size, offset)
-            take = np.flatnonzero(wanted)
-            word = buf[pos[take, None] + np.arange(8)].copy().view("<u8").reshape(-1)
-            if (word > np.iinfo(np.int64).max).any():  # (left to the row-by-row path, as it was)
-                return big
-            found.append((column, rows[take], word.astype(np.int64)))
-        for column, where, value in found:  # (written once all are read: the sentinels above stay until then)
-            column[where] = value
-        left: np.ndarray = big[~ok]
-        return left
+        """The zip64 sizes and offsets of entries ``big`` read all at once into ``size``, ``csize``, ``hoff`` when
+        every one of them needs the same values and its extra field starts with a zip64 record that holds them
+        (what torch writes: a 100 GB checkpoint's every entry). Returns the entries left for
+        :meth:`_zip64_extra`, row by row: none, or all of them (another layout, or a fault it names)."""
+        s, c, h = (int(column[big[0]] == U32) for column in (size, csize, hoff))
+        k, at = s + c + h, extra_at[big]
+        width = 4 + 8 * k
+        same = ((size[big] == U32) == s) & ((csize[big] == U32) == c) & ((hoff[big] == U32) == h)
+        if not k or not same.all() or int(at.max()) + width > len(buf) or int(xlen[big].min()) < width:
+            return big
+        record = np.dtype([("tag", "<u2"), ("ln", "<u2"), ("value", "<u8", (k,))])
+        rec = buf[at[:, None] + np.arange(width)].view(record).reshape(-1)
+        ln = rec["ln"].astype(np.int64)
+        if not ((rec["tag"] == ZIP64_EXTRA_ID).all() and (ln >= 8 * k).all() and (ln + 4 <= xlen[big]).all()
+                and (rec["value"] <= np.iinfo(np.int64).max).all()):
+            return big
+        value = rec["value"].astype(np.int64)
+        for column in [col for col, wanted in ((size, s), (csize, c), (hoff, h)) if wanted]:
+            column[big], value = value[:, 0], value[:, 1:]
+        return big[:0]
 
     def _zip64_extra(self, extra: bytes, size: int, csize: int, hoff: int, dstart: int,
                      raw_name: bytes) -> tuple[int, int, int]:
